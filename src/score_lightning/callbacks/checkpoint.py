@@ -1,0 +1,23 @@
+"""``ScoreCheckpoint``: ``checkpoints/last.ckpt`` every N SCORE steps and at the end of fit."""
+
+from __future__ import annotations
+
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+
+class ScoreCheckpoint(ModelCheckpoint):
+    """A ``ModelCheckpoint`` that keeps ``last.ckpt`` current.
+
+    ``global_step`` equals the SCORE step (see ``ScoreModule._advance_global_step``), so
+    ``every_n_train_steps`` counts SCORE steps. The final state is also saved when fit ends on a
+    step that is not a multiple of N, so a finished run always resumes from its real end.
+    """
+
+    def __init__(self, dirpath: str, every_n_steps: int = 10, **kwargs):
+        super().__init__(dirpath=dirpath, filename="step-{step:06d}", every_n_train_steps=every_n_steps,
+                         save_last=True, save_top_k=1, enable_version_counter=False, **kwargs)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self._last_global_step_saved != trainer.global_step:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+            self._last_global_step_saved = trainer.global_step

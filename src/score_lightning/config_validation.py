@@ -1,0 +1,132 @@
+"""Validate the whole config before any model loads: fail in seconds, naming the key and what is allowed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from omegaconf import DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """A config value is out of range; the message names the key and the allowed values."""
+
+
+def _get(cfg: DictConfig, key: str) -> Any:
+    value = OmegaConf.select(cfg, key, throw_on_missing=False, default="__missing__")
+    if value == "__missing__":
+        raise ConfigError(f"{key}: missing from the config")
+    return value
+
+
+def _check(cfg: DictConfig, key: str, ok: Callable[[Any], bool], allowed: str, errors: list[str]) -> None:
+    try:
+        value = _get(cfg, key)
+    except ConfigError as exc:
+        errors.append(str(exc))
+        return
+    try:
+        good = ok(value)
+    except Exception:  # a wrong type makes the predicate raise: that is a bad value too
+        good = False
+    if not good:
+        errors.append(f"{key}={value!r}: allowed {allowed}")
+
+
+def _int(lo: int, hi: int | None = None) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= lo and (hi is None or v <= hi)
+
+
+def _num(lo: float, hi: float | None = None, lo_open: bool = False, hi_open: bool = False) -> Callable[[Any], bool]:
+    def ok(v: Any) -> bool:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return False
+        if (v <= lo) if lo_open else (v < lo):
+            return False
+        if hi is not None and ((v >= hi) if hi_open else (v > hi)):
+            return False
+        return True
+    return ok
+
+
+_BOOL = (lambda v: isinstance(v, bool), "true or false")
+_PRECISIONS = {"32-true", "32", "bf16-mixed", "bf16-true", "64-true"}
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Raise :class:`ConfigError` listing every bad value (all of them, not just the first)."""
+    e: list[str] = []
+    c = lambda key, ok, allowed: _check(cfg, key, ok, allowed, e)  # noqa: E731
+    c("seed", _int(0), "an integer >= 0")
+    c("solver.num_rollouts", _int(2), "an integer >= 2 (GRPO normalises over the K rollouts of a query)")
+    c("solver.max_tool_calls", _int(0, 10), "an integer in [0, 10]")
+    c("solver.max_response_tokens", _int(8), "an integer >= 8")
+    c("solver.max_prompt_tokens", _int(8), "an integer >= 8")
+    c("solver.max_observation_tokens", _int(1), "an integer >= 1")
+    c("solver.topk", _int(1, 100), "an integer in [1, 100]")
+    c("solver.temperature", _num(0.0, lo_open=True), "a number > 0 (RL needs sampling)")
+    c("solver.top_p", _num(0.0, 1.0, lo_open=True), "a number in (0, 1]")
+    c("solver.freeze", *_BOOL)
+    c("actor.shared", *_BOOL)
+    c("evaluator.enabled", *_BOOL)
+    c("evaluator.static_rubric", *_BOOL)
+    c("evaluator.update_every", _int(1), "an integer >= 1")
+    c("evaluator.ema_beta", _num(0.0, 1.0, hi_open=True), "a number in [0, 1)")
+    c("evaluator.alpha", _num(0.0), "a number >= 0")
+    c("evaluator.temperature", _num(0.0, lo_open=True), "a number > 0")
+    c("evaluator.max_rubric_tokens", _int(8), "an integer >= 8")
+    c("evaluator.max_response_tokens", _int(8), "an integer >= 8")
+    c("evaluator.max_tool_calls", _int(0, 10), "an integer in [0, 10]")
+    c("evaluator.max_report_tokens", _int(1), "an integer >= 1")
+    c("verifier.enabled", *_BOOL)
+    c("verifier.min_search_depth", _int(0, 10), "an integer in [0, 10]")
+    c("reward.require_citation", *_BOOL)
+    c("reward.min_answer_chars", _int(0), "an integer >= 0")
+    c("loss.kl_coef", _num(0.0), "a number >= 0")
+    c("loss.clip_ratio_low", _num(0.0, 1.0, hi_open=True), "a number in [0, 1)")
+    c("loss.clip_ratio_high", _num(0.0), "a number >= 0")
+    c("loss.entropy_coef", _num(0.0), "a number >= 0")
+    c("loss.norm_adv_by_std", *_BOOL)
+    c("optim.lr", _num(0.0, lo_open=True), "a number > 0")
+    c("optim.warmup_steps", _int(0), "an integer >= 0")
+    c("optim.warmup_start_ratio", _num(0.0, 1.0), "a number in [0, 1]")
+    c("optim.grad_clip", _num(0.0), "a number >= 0 (0 disables clipping)")
+    c("optim.ppo_epochs", _int(1), "an integer >= 1")
+    c("optim.mini_batch_size", _int(1), "an integer >= 1 (queries per optimiser step)")
+    c("optim.micro_batch_size", _int(1), "an integer >= 1 (trajectories per forward/backward)")
+    c("optim.max_consecutive_skips", _int(1), "an integer >= 1")
+    c("data.batch_size", _int(1), "an integer >= 1")
+    c("harness.every_n_steps", _int(1), "an integer >= 1")
+    c("harness.enabled", *_BOOL)
+    c("trainer.max_steps", _int(1), "an integer >= 1 (SCORE steps)")
+    c("trainer.precision", lambda v: str(v) in _PRECISIONS, f"one of {sorted(_PRECISIONS)} (fp16 with a grad scaler is not supported)")
+    c("retriever.kind", lambda v: v in ("bm25", "http"), "'bm25' or 'http'")
+    c("rollout.engine", lambda v: v in ("hf", "vllm"), "'hf' or 'vllm'")
+    c("strategy.name", lambda v: v in ("single", "ddp", "fsdp"), "'single', 'ddp' or 'fsdp'")
+    if OmegaConf.select(cfg, "retriever.kind") == "http":
+        c("retriever.url", lambda v: isinstance(v, str) and v.startswith(("http://", "https://")), "an http(s):// URL")
+    for key in ("retriever.corpus_path", "data.queries_path"):
+        value = OmegaConf.select(cfg, key)
+        if value is not None and not Path(str(value)).is_file():
+            e.append(f"{key}={value!r}: file not found")
+    ckpt = OmegaConf.select(cfg, "ckpt_path")
+    if ckpt is not None and not Path(str(ckpt)).exists():
+        e.append(f"ckpt_path={ckpt!r}: no such checkpoint")
+    if OmegaConf.select(cfg, "model.name_or_path") is None and OmegaConf.select(cfg, "model.tiny") is None:
+        e.append("model.name_or_path: null needs model.tiny (the tiny-model spec); set a checkpoint path or use model=tiny")
+    mb, bs = OmegaConf.select(cfg, "optim.mini_batch_size"), OmegaConf.select(cfg, "data.batch_size")
+    if isinstance(mb, int) and isinstance(bs, int) and mb > bs:
+        e.append(f"optim.mini_batch_size={mb}: must be <= data.batch_size={bs}")
+    _check_harness(cfg, e)
+    if e:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(e))
+
+
+def _check_harness(cfg: DictConfig, errors: list[str]) -> None:
+    from score_lightning.harness.state import HarnessState, HarnessStateError
+
+    init = OmegaConf.select(cfg, "harness.initial_state")
+    try:
+        HarnessState.from_dict(OmegaConf.to_container(init, resolve=True) if init is not None else {})
+    except HarnessStateError as exc:
+        errors.append(f"harness.initial_state.{exc}")

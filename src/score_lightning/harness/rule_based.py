@@ -1,0 +1,226 @@
+"""A deterministic, offline meta-harness: documented rules from training statistics to constraints.
+
+The paper uses an external LLM as the meta-harness. These rules encode the same intent without a
+network dependency (CPU runs, CI, ablations with a reproducible harness). Each rule reads one
+statistic; a missing or non-finite statistic skips the rule (it neither tightens nor eases).
+
+| rule | condition (defaults) | change |
+| --- | --- | --- |
+| verification | ``verified_rate < low_verified`` (0.5) | ``min_number_of_tool_call += 1`` (at most ``max_tool_calls``), ``require_verification = True`` |
+| verification eases | ``verified_rate >= recover_verified`` (0.8) | ``min_number_of_tool_call -= 1`` while above ``base_min_tool_calls`` |
+| saturation | ``consistency > high_consistency`` (0.8) or ``reward_std < high_reward_std_floor`` (0.05) | ``k += 1`` (at most ``min(max_k, pool size)``), ``require_gap_analysis = True`` |
+| saturation eases | every present one of ``consistency <= recover_consistency`` (0.6), ``reward_std >= recover_reward_std`` (0.1) | ``k -= 1`` while above ``base_k``; at ``base_k`` ``require_gap_analysis`` returns to ``base_require_gap_analysis`` |
+| rubric validity | ``rubric_valid_rate < low_rubric_valid`` (0.5) | ``weight_min = max(0, weight_min - 0.05)``, ``weight_max = min(1, weight_max + 0.1)`` |
+| rubric validity eases | ``rubric_valid_rate >= recover_rubric_valid`` (0.8) | ``weight_min += 0.05`` up to ``base_weight_min``, ``weight_max -= 0.1`` down to ``base_weight_max`` |
+| feasibility (always) | ``k * weight_min > 1`` or ``k * weight_max < 1`` | ``weight_min`` down to ``floor(100/k)/100``, ``weight_max`` up to ``ceil(100/k)/100`` |
+
+Why these directions: low verification means the evaluator scores without checking, so the
+verifier would zero its rewards - more required tool calls push it to search. Saturation (high
+consistency, or rewards that no longer separate the K reports) means the rubric has stopped being
+informative - more dimensions and an explicit gap analysis make it discriminate again. Invalid
+rubrics usually fail the weight bounds, so the bounds are relaxed until the evaluator can comply.
+The "eases" rows use separate, stricter thresholds (hysteresis) so a statistic hovering near a
+trigger does not make the constraints oscillate every refresh; they only ever move back towards
+the ``base_*`` values, never beyond them.
+
+The harness never chooses concrete dimensions or weights: ``must_include`` and the pool are kept
+as they are. Every output validates (``HarnessState.validate``), and ``notes`` says which rules fired.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+from score_lightning.harness.base import clean_stats
+from score_lightning.harness.state import DimensionConstraints, HarnessState, ProcessConstraints
+
+_DC_DEFAULTS = DimensionConstraints()
+_PC_DEFAULTS = ProcessConstraints()
+
+
+def _r(x: float) -> float:
+    """Round away binary noise (0.1 - 0.05 = 0.05000000000000001) so configs and tests read cleanly."""
+    return round(x, 6)
+
+
+@dataclass
+class _Work:
+    """Mutable working copy of the constraints the rules touch."""
+
+    k: int
+    weight_min: float
+    weight_max: float
+    min_tool_calls: int
+    require_verification: bool
+    require_gap_analysis: bool
+
+
+class RuleBasedHarness:
+    """Deterministic meta-harness; see the module docstring for the rule table."""
+
+    def __init__(
+        self,
+        low_verified: float = 0.5,
+        high_consistency: float = 0.8,
+        high_reward_std_floor: float = 0.05,
+        low_rubric_valid: float = 0.5,
+        max_k: int = 6,
+        max_tool_calls: int = 5,
+        recover_verified: float = 0.8,
+        recover_consistency: float = 0.6,
+        recover_reward_std: float = 0.1,
+        recover_rubric_valid: float = 0.8,
+        weight_min_step: float = 0.05,
+        weight_max_step: float = 0.1,
+        base_k: int = _DC_DEFAULTS.k,
+        base_min_tool_calls: int = _PC_DEFAULTS.min_number_of_tool_call,
+        base_weight_min: float = _DC_DEFAULTS.weight_min,
+        base_weight_max: float = _DC_DEFAULTS.weight_max,
+        base_require_gap_analysis: bool = _PC_DEFAULTS.require_gap_analysis,
+    ) -> None:
+        if recover_verified < low_verified or recover_rubric_valid < low_rubric_valid:
+            raise ValueError("harness: recover_* thresholds must not be below the matching low_* trigger")
+        if recover_consistency > high_consistency or recover_reward_std < high_reward_std_floor:
+            raise ValueError("harness: recover_consistency <= high_consistency and recover_reward_std >= floor required")
+        if max_k < 1 or not 0 <= max_tool_calls <= 10:
+            raise ValueError("harness: need max_k >= 1 and 0 <= max_tool_calls <= 10")
+        self.low_verified = low_verified
+        self.high_consistency = high_consistency
+        self.high_reward_std_floor = high_reward_std_floor
+        self.low_rubric_valid = low_rubric_valid
+        self.max_k = max_k
+        self.max_tool_calls = max_tool_calls
+        self.recover_verified = recover_verified
+        self.recover_consistency = recover_consistency
+        self.recover_reward_std = recover_reward_std
+        self.recover_rubric_valid = recover_rubric_valid
+        self.weight_min_step = weight_min_step
+        self.weight_max_step = weight_max_step
+        self.base_k = base_k
+        self.base_min_tool_calls = base_min_tool_calls
+        self.base_weight_min = base_weight_min
+        self.base_weight_max = base_weight_max
+        self.base_require_gap_analysis = base_require_gap_analysis
+        self.failures = 0  # rules cannot fail; kept for the MetaHarness protocol
+        self.last_error = ""
+
+    # ------------------------------------------------------------------ public API
+    def update(self, state: HarnessState, stats: Mapping[str, float]) -> HarnessState:
+        """Apply every rule whose statistic is present; return a new validated state (version + 1)."""
+        s = clean_stats(stats)
+        dc, pc = state.dimension_constraints, state.process_constraints
+        w = _Work(dc.k, dc.weight_min, dc.weight_max, pc.min_number_of_tool_call,
+                  pc.require_verification, pc.require_gap_analysis)
+        k_cap = max(dc.k, min(self.max_k, len(state.dimension_pool)))  # a cap never shrinks k
+        notes: list[str] = []
+        self._verification(s, w, notes)
+        self._saturation(s, w, k_cap, notes)
+        self._rubric_validity(s, w, notes)
+        self._feasibility(w, len(dc.must_include), len(state.dimension_pool), notes)
+        if not notes:
+            notes.append("no rule fired; constraints unchanged")
+        # Name only rules skipped entirely (saturation needs either consistency or reward_std).
+        missing = [key for key in ("verified_rate", "rubric_valid_rate") if key not in s]
+        if "consistency" not in s and "reward_std" not in s:
+            missing.insert(1, "consistency/reward_std")
+        if missing:
+            notes.append(f"statistics missing (rules skipped): {', '.join(missing)}")
+
+        new = copy.deepcopy(state)
+        new.dimension_constraints.k = w.k
+        new.dimension_constraints.weight_min = w.weight_min
+        new.dimension_constraints.weight_max = w.weight_max
+        new.process_constraints.min_number_of_tool_call = w.min_tool_calls
+        new.process_constraints.require_verification = w.require_verification
+        new.process_constraints.require_gap_analysis = w.require_gap_analysis
+        new.notes = f"rule-based harness v{state.version + 1}: " + "; ".join(notes) + "."
+        new.version = state.version + 1
+        return new.validate()
+
+    # ------------------------------------------------------------------ rules
+    def _verification(self, s: dict[str, float], w: _Work, notes: list[str]) -> None:
+        rate = s.get("verified_rate")
+        if rate is None:
+            return
+        if rate < self.low_verified:
+            before = w.min_tool_calls
+            w.min_tool_calls = max(before, min(self.max_tool_calls, before + 1))
+            w.require_verification = True
+            notes.append(
+                f"verified_rate {rate:.2f} < {self.low_verified:.2f}: verify claims by search, "
+                f"min_number_of_tool_call {before}->{w.min_tool_calls}"
+            )
+        elif rate >= self.recover_verified and w.min_tool_calls > self.base_min_tool_calls:
+            before = w.min_tool_calls
+            w.min_tool_calls = before - 1
+            notes.append(f"verified_rate {rate:.2f} recovered: min_number_of_tool_call {before}->{w.min_tool_calls}")
+
+    def _saturation(self, s: dict[str, float], w: _Work, k_cap: int, notes: list[str]) -> None:
+        cons, std = s.get("consistency"), s.get("reward_std")
+        if cons is None and std is None:
+            return
+        reasons = []
+        if cons is not None and cons > self.high_consistency:
+            reasons.append(f"consistency {cons:.2f} > {self.high_consistency:.2f}")
+        if std is not None and std < self.high_reward_std_floor:
+            reasons.append(f"reward_std {std:.3f} < {self.high_reward_std_floor:.3f}")
+        if reasons:
+            before = w.k
+            w.k = min(before + 1, k_cap) if before < k_cap else before
+            w.require_gap_analysis = True
+            notes.append(f"{' and '.join(reasons)} (saturated): k {before}->{w.k}, require gap analysis")
+            return
+        healthy = (cons is None or cons <= self.recover_consistency) and (
+            std is None or std >= self.recover_reward_std
+        )
+        if not healthy:
+            return
+        if w.k > self.base_k:
+            before = w.k
+            w.k = before - 1
+            notes.append(f"rewards discriminate again: k {before}->{w.k}")
+        if w.k <= self.base_k and w.require_gap_analysis != self.base_require_gap_analysis:
+            w.require_gap_analysis = self.base_require_gap_analysis
+            notes.append(f"require_gap_analysis back to {str(self.base_require_gap_analysis).lower()}")
+
+    def _rubric_validity(self, s: dict[str, float], w: _Work, notes: list[str]) -> None:
+        rate = s.get("rubric_valid_rate")
+        if rate is None:
+            return
+        before = (w.weight_min, w.weight_max)
+        if rate < self.low_rubric_valid:
+            w.weight_min = _r(max(0.0, w.weight_min - self.weight_min_step))
+            w.weight_max = _r(min(1.0, w.weight_max + self.weight_max_step))
+            notes.append(
+                f"rubric_valid_rate {rate:.2f} < {self.low_rubric_valid:.2f}: relax weight bounds "
+                f"[{before[0]:g}, {before[1]:g}] -> [{w.weight_min:g}, {w.weight_max:g}]"
+            )
+        elif rate >= self.recover_rubric_valid:
+            if w.weight_min < self.base_weight_min:
+                w.weight_min = _r(min(self.base_weight_min, w.weight_min + self.weight_min_step))
+            if w.weight_max > self.base_weight_max:
+                w.weight_max = _r(max(self.base_weight_max, w.weight_max - self.weight_max_step))
+            if (w.weight_min, w.weight_max) != before:
+                notes.append(
+                    f"rubric_valid_rate {rate:.2f} recovered: weight bounds "
+                    f"[{before[0]:g}, {before[1]:g}] -> [{w.weight_min:g}, {w.weight_max:g}]"
+                )
+
+    @staticmethod
+    def _feasibility(w: _Work, n_must: int, pool_size: int, notes: list[str]) -> None:
+        """Keep ``k * weight_min <= 1 <= k * weight_max`` so weights summing to one exist."""
+        w.k = max(w.k, n_must, 1)
+        w.k = min(w.k, pool_size)
+        if w.k * w.weight_min > 1.0 + 1e-9:
+            before = w.weight_min
+            w.weight_min = _r(math.floor(100.0 / w.k + 1e-9) / 100.0)
+            notes.append(f"weight_min {before:g}->{w.weight_min:g} so {w.k} weights can sum to 1")
+        if w.k * w.weight_max < 1.0 - 1e-9:
+            before = w.weight_max
+            w.weight_max = _r(math.ceil(100.0 / w.k - 1e-9) / 100.0)
+            notes.append(f"weight_max {before:g}->{w.weight_max:g} so {w.k} weights can sum to 1")
+        if w.weight_min > w.weight_max:
+            w.weight_min = w.weight_max

@@ -1,0 +1,269 @@
+"""SCORE losses as pure tensor functions: GRPO for the solver, REINFORCE for the evaluator.
+
+Shapes: ``B`` sequences, ``T`` tokens, ``V`` vocabulary. ``mask`` is a float or bool ``[B, T]``
+tensor that is 1 on tokens the policy generated (the response) and 0 on prompt, tool
+observation and padding tokens. Only mask-1 tokens contribute loss or gradient.
+
+Aggregation (why the GRPO loss returns a *sum*)
+------------------------------------------------
+The solver objective is the token mean over every response token of a PPO mini-batch. With
+gradient accumulation over micro-batches of uneven response lengths, averaging per-micro-batch
+token means (``mean_m(sum_m / n_m)``) weights tokens of short micro-batches more than tokens of
+long ones, so the accumulated gradient is *not* the full-batch gradient (verl PR #906,
+TRL #3021). :func:`grpo_token_loss` therefore returns the masked *sum* over the micro-batch; the
+caller divides every micro-batch by the same global token count of the whole mini-batch
+(``sum of mask over all its micro-batches``, all-reduced across data-parallel ranks when
+sharded). Then ``sum_m sum_m(loss) / N_global`` is exactly the full-batch token mean, and so is
+its gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "token_logprobs",
+    "entropy_from_logits",
+    "group_advantages",
+    "k3_kl",
+    "clipped_surrogate",
+    "masked_sum",
+    "masked_mean",
+    "grpo_token_loss",
+    "reinforce_loss",
+]
+
+#: Rows of ``[*, T, V]`` logits upcast to float32 at once in :func:`token_logprobs` and
+#: :func:`entropy_from_logits`. A float32 copy of all of ``[B, T, V]`` (e.g. 4 x 8192 x 152k) is
+#: ~20 GB; one row at a time bounds the extra memory to ``T x V`` floats.
+_CHUNK_ROWS = 1
+
+
+def _row_chunks(n: int, chunk_rows: int) -> range:
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    return range(0, n, chunk_rows)
+
+
+def token_logprobs(
+    logits: Tensor, labels: Tensor, temperature: float = 1.0, chunk_rows: int = _CHUNK_ROWS
+) -> Tensor:
+    """Log-probability of each label under ``softmax(logits / temperature)``.
+
+    ``logits [B, T, V]`` must already be aligned to ``labels [B, T]`` (i.e. shifted by the caller:
+    ``logits[:, t]`` predicts ``labels[:, t]``). Returns float32 ``[B, T]``.
+
+    The temperature must be the sampling temperature: the trainer's log-probs have to describe
+    the distribution the rollout engine actually sampled from, or the importance ratio is biased.
+    We compute ``logit[label] - logsumexp(logits)`` instead of materialising ``log_softmax``, and
+    upcast to float32 one chunk of rows at a time (bf16 log-probs are too coarse for ratios), so
+    peak extra memory is one ``[chunk_rows, T, V]`` float32 block. Negative labels (e.g. the
+    ``-100`` ignore index on padding) are read as token 0; their values are meaningless and must
+    be masked out by the caller.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} do not align with labels {tuple(labels.shape)}")
+    safe_labels = labels.clamp(min=0).unsqueeze(-1)
+    out = []
+    for start in _row_chunks(logits.shape[0], chunk_rows):
+        lg = logits[start : start + chunk_rows].float()
+        if temperature != 1.0:
+            lg = lg / temperature
+        picked = lg.gather(-1, safe_labels[start : start + chunk_rows]).squeeze(-1)
+        out.append(picked - torch.logsumexp(lg, dim=-1))
+    if not out:  # B == 0
+        return logits.new_zeros(labels.shape, dtype=torch.float32)
+    return torch.cat(out, dim=0)
+
+
+def entropy_from_logits(logits: Tensor, chunk_rows: int = _CHUNK_ROWS) -> Tensor:
+    """Entropy ``H = logsumexp(z) - sum softmax(z) * z`` per position: ``[B, T, V] -> [B, T]``.
+
+    This form needs no ``log_softmax`` tensor and is exact for any logit shift. It is the
+    quantity the collapse guard watches (``solver/entropy``). Float32, chunked like
+    :func:`token_logprobs`. Pass logits already divided by the sampling temperature if the
+    entropy of the sampling distribution is wanted.
+    """
+    out = []
+    for start in _row_chunks(logits.shape[0], chunk_rows):
+        lg = logits[start : start + chunk_rows].float()
+        # shift by the max first: both terms are then O(log V), no cancellation of large logits
+        lg = lg - lg.amax(dim=-1, keepdim=True).detach()
+        probs = torch.softmax(lg, dim=-1)
+        out.append(torch.logsumexp(lg, dim=-1) - (probs * lg).sum(dim=-1))
+    if not out:
+        return logits.new_zeros(logits.shape[:-1], dtype=torch.float32)
+    return torch.cat(out, dim=0)
+
+
+def group_advantages(
+    rewards: Tensor, group_size: int, normalize_std: bool = True, eps: float = 1e-6
+) -> Tensor:
+    """GRPO advantages ``(r - mean_group) / (std_group + eps)`` for group-contiguous rewards.
+
+    ``rewards [B*K]`` holds query ``i``'s K rollouts at rows ``i*K .. i*K+K-1``. Returns ``[B*K]``.
+
+    Std convention: **unbiased** (Bessel, divide by ``K - 1``), i.e. ``torch.std`` defaults, as in
+    verl's ``compute_grpo_outcome_advantage`` and TRL's ``GRPOTrainer``, so advantages follow
+    the same convention as those implementations. (For K = 8 the unbiased std is
+    ``sqrt(8/7)`` ~ 1.069x the population std, i.e. advantages are ~6.5% smaller.)
+    ``normalize_std=False`` gives Dr. GRPO's ``r - mean`` (no per-question difficulty
+    re-weighting).
+
+    A group whose rewards are all equal carries no learning signal: its advantages are set to
+    exactly 0 (not ``tiny / eps``, which float rounding of the mean could otherwise produce).
+    """
+    if group_size < 2:
+        raise ValueError(f"group_size must be >= 2 for group-relative advantages, got {group_size}")
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [B*K], got shape {tuple(rewards.shape)}")
+    if rewards.numel() % group_size != 0:
+        raise ValueError(f"{rewards.numel()} rewards are not a multiple of group_size={group_size}")
+    r = rewards.detach()
+    if not r.is_floating_point():
+        r = r.float()
+    grouped = r.view(-1, group_size)
+    mean = grouped.mean(dim=1, keepdim=True)
+    adv = grouped - mean
+    if normalize_std:
+        std = grouped.std(dim=1, unbiased=True, keepdim=True)
+        adv = adv / (std + eps)
+    constant = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)
+    adv = torch.where(constant, torch.zeros_like(adv), adv)
+    return adv.reshape(-1)
+
+
+def k3_kl(logp: Tensor, ref_logp: Tensor, log_ratio_clamp: float = 20.0, kl_clamp: float = 10.0) -> Tensor:
+    """Per-token k3 estimator of ``KL(pi || ref)`` (Schulman, "Approximating KL divergence").
+
+    With ``r = ref_logp - logp`` (clamped to ``+-log_ratio_clamp``), ``kl = exp(r) - r - 1``,
+    clamped to ``[-kl_clamp, kl_clamp]``: verl's ``low_var_kl``. For tokens sampled from pi it is
+    unbiased, always >= 0, and much lower variance than ``-r``; its gradient w.r.t. ``logp`` is
+    ``1 - exp(r)``, which pulls pi toward ref. The clamps stop one wildly off-reference token
+    (``exp(20+)``) from dominating the batch.
+    """
+    r = (ref_logp - logp).clamp(min=-log_ratio_clamp, max=log_ratio_clamp)
+    kl = torch.exp(r) - r - 1.0
+    return kl.clamp(min=-kl_clamp, max=kl_clamp)
+
+
+def _broadcast_to_tokens(advantages: Tensor | float, like: Tensor) -> Tensor:
+    a = torch.as_tensor(advantages, dtype=like.dtype, device=like.device)
+    if a.dim() == like.dim() - 1 and a.dim() > 0:
+        a = a.unsqueeze(-1)
+    return a
+
+
+def clipped_surrogate(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    log_ratio_clamp: float = 20.0,
+) -> tuple[Tensor, Tensor]:
+    """PPO clipped policy-gradient loss per token and the clip indicator.
+
+    ``loss = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)`` with
+    ``ratio = exp(logp - old_logp)``. ``advantages`` is ``[B]`` (one per sequence, broadcast
+    over tokens) or ``[B, T]``; it is treated as a constant (detached). ``clip_low != clip_high``
+    gives DAPO's asymmetric "clip-higher". The log-ratio is clamped to ``+-log_ratio_clamp``
+    before ``exp`` (as verl does) so a stale token cannot produce ``inf``.
+
+    The second output is float 1 where the clipped branch was strictly chosen, i.e. the
+    token's gradient is zeroed by clipping (A > 0 and ratio > 1 + clip_high, or A < 0 and
+    ratio < 1 - clip_low); it is the ``clipfrac`` numerator.
+    """
+    a = _broadcast_to_tokens(advantages, logp).detach()
+    log_ratio = (logp - old_logp).clamp(min=-log_ratio_clamp, max=log_ratio_clamp)
+    ratio = torch.exp(log_ratio)
+    loss_unclipped = -a * ratio
+    loss_clipped = -a * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(loss_unclipped, loss_clipped)
+    clipped = (loss_clipped > loss_unclipped).to(logp.dtype)
+    return loss, clipped
+
+
+def masked_sum(x: Tensor, mask: Tensor) -> Tensor:
+    """Sum of ``x`` over mask-1 entries (scalar).
+
+    Uses ``where`` rather than ``x * mask`` so non-finite values at masked positions (e.g. a
+    ``-inf`` log-prob on padding) cannot turn the sum into NaN, and their gradient is exactly 0.
+    """
+    keep = mask.bool() if mask.dtype != torch.bool else mask
+    return torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum()
+
+
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """Mean of ``x`` over mask-1 entries; exactly 0 (not NaN) when the mask is empty."""
+    return masked_sum(x, mask) / mask.bool().sum().clamp(min=1)
+
+
+def grpo_token_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    ref_logp: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    kl_coef: float,
+    entropy_coef: float = 0.0,
+    entropy: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Solver GRPO actor loss for one micro-batch, as a **sum** over response tokens.
+
+    Per token: ``pg + kl_coef * k3_kl(logp, ref_logp) - entropy_coef * entropy``. The KL to the
+    frozen reference sits in the actor loss (SCORE / verl ``use_kl_loss``), not in the reward.
+    ``ref_logp=None`` (or ``kl_coef == 0``) drops the KL term.
+
+    Returns ``(loss_sum, stats)``. Divide ``loss_sum`` by the token count of the *whole*
+    mini-batch (all micro-batches, all ranks), never by this micro-batch's own count: the sum of
+    those terms then equals the full-batch token mean exactly, value and gradient (see the module
+    docstring; verl PR #906, TRL #3021). ``stats`` holds detached masked sums ``pg``, ``kl``,
+    ``clipfrac``, ``entropy`` and ``tokens``, so they too can be summed over micro-batches and
+    divided once by the global ``tokens``.
+    """
+    pg, clipped = clipped_surrogate(logp, old_logp, advantages, clip_low=clip_low, clip_high=clip_high)
+    per_token = pg
+    if ref_logp is not None:
+        kl = k3_kl(logp, ref_logp)
+        if kl_coef != 0.0:
+            per_token = per_token + kl_coef * kl
+    else:
+        kl = torch.zeros_like(pg)
+    if entropy is not None:
+        if entropy_coef != 0.0:
+            per_token = per_token - entropy_coef * entropy
+    elif entropy_coef != 0.0:
+        raise ValueError("entropy_coef != 0 needs the per-token entropy tensor")
+    loss_sum = masked_sum(per_token, mask)
+    with torch.no_grad():
+        stats = {
+            "pg": masked_sum(pg.detach(), mask),
+            "kl": masked_sum(kl.detach(), mask),
+            "clipfrac": masked_sum(clipped, mask),
+            "entropy": masked_sum(entropy.detach().to(pg.dtype), mask)
+            if entropy is not None
+            else pg.new_zeros(()),
+            "tokens": mask.bool().sum().to(pg.dtype),
+        }
+    return loss_sum, stats
+
+
+def reinforce_loss(seq_logp_sum: Tensor, advantage: Tensor | float, alpha: float = 1.0) -> Tensor:
+    """Evaluator REINFORCE loss ``mean_B(-alpha * A * sum_t log pi(rubric tokens))``.
+
+    ``seq_logp_sum [B]`` is the summed log-prob of each sampled rubric (masked to its generated
+    tokens). ``advantage`` is the EMA-baselined consistency reward ``R_eval - b`` (a float, or
+    ``[B]`` / scalar tensor); it is detached, being a reward, not a function of θ. Minimising this
+    with SGD is the paper's ascent ``θ += η α Â ∇ log π_e``: a positive advantage raises the
+    sampled rubric's probability, a negative one lowers it. ``alpha`` is the evaluator/solver
+    step ratio ``η_e / η_s``.
+    """
+    a = torch.as_tensor(advantage, dtype=seq_logp_sum.dtype, device=seq_logp_sum.device).detach()
+    return (-alpha * a * seq_logp_sum).mean()

@@ -1,0 +1,213 @@
+"""Loading policies and references, and the tiny Qwen2-architecture model for CPU runs.
+
+The tiny checkpoint (model + tokenizer) is built locally from a config and the embedded corpus,
+saved with ``save_pretrained`` so HF and vLLM load it like any checkpoint, and cached under a key
+that hashes every input: change a size, the seed or the corpus and it is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from score_lightning import protocol as P
+
+log = logging.getLogger(__name__)
+
+#: Qwen2-style chat template: ``<|im_start|>role\ncontent<|im_end|>\n``; generation prompt opens an assistant turn.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+_BUILD_FORMAT_VERSION = 1  # bump when the build procedure changes so caches are invalidated
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """Sizes of the CPU model. head_dim = hidden_size / num_attention_heads must be >= 32 (vLLM CPU)."""
+
+    vocab_size: int = 4096
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 2
+    num_key_value_heads: int = 1
+    max_position_embeddings: int = 4096
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"model.tiny.hidden_size={self.hidden_size} must be divisible by num_attention_heads={self.num_attention_heads}"
+            )
+        head_dim = self.hidden_size // self.num_attention_heads
+        if head_dim < 32:
+            raise ValueError(f"model.tiny: head_dim={head_dim} < 32 is rejected by vLLM's CPU attention; raise hidden_size")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("model.tiny.num_key_value_heads must divide num_attention_heads")
+        if self.vocab_size < 512:
+            raise ValueError(f"model.tiny.vocab_size={self.vocab_size} must be >= 512")
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """Byte-level BPE trained on ``texts``; protocol tags are single added tokens (kept by ``decode``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(P.SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token=P.IM_END,
+        pad_token=P.ENDOFTEXT,
+        unk_token=None,
+        additional_special_tokens=[P.IM_START],
+    )
+    fast.add_tokens(list(P.PROTOCOL_TOKENS), special_tokens=False)
+    fast.chat_template = CHAT_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
+def build_tiny_model(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
+    """A seeded, deterministic Qwen2 causal LM sized for the tokenizer (untied embeddings, see NOTES)."""
+    spec.validate()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids(P.IM_END),
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.generation_config.pad_token_id = config.pad_token_id
+    return model
+
+
+def _tokenizer_texts(corpus_path: Path, extra_texts: Iterable[str]) -> list[str]:
+    texts = []
+    with open(corpus_path, encoding="utf-8") as fh:
+        for line in fh:
+            texts.append(json.loads(line)["contents"])
+    texts.extend(extra_texts)
+    return texts
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def ensure_tiny_checkpoint(
+    cache_dir: str | os.PathLike,
+    spec: TinyModelSpec,
+    corpus_path: str | os.PathLike,
+    extra_texts: Iterable[str] = (),
+) -> Path:
+    """Build (or reuse) the tiny checkpoint; the directory name hashes all inputs.
+
+    Written to a temporary directory and renamed into place, so concurrent or interrupted builds
+    never leave a half-written checkpoint that a later run would trust.
+    """
+    corpus_path = Path(corpus_path)
+    extra = list(extra_texts)
+    key_src = json.dumps(
+        {"spec": asdict(spec), "corpus": _file_digest(corpus_path), "extra": extra, "v": _BUILD_FORMAT_VERSION,
+         "tags": P.PROTOCOL_TOKENS},
+        sort_keys=True,
+    )
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
+    out = Path(cache_dir) / f"tiny-qwen2-{key}"
+    if (out / "config.json").exists() and (out / "tokenizer.json").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log.info("building tiny checkpoint at %s", out)
+    tokenizer = train_tokenizer(_tokenizer_texts(corpus_path, extra), spec.vocab_size)
+    model = build_tiny_model(spec, tokenizer)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "score_lightning_build.json").write_text(key_src)
+        try:
+            os.rename(tmp, out)
+        except OSError:  # another process won the race: its result is identical
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError as exc:
+        raise ValueError(f"model.dtype={name!r}: allowed {sorted(_DTYPES)}") from exc
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """Load a tokenizer and refuse a silently broken one (see NOTES: empty ``input_ids``)."""
+    tok = AutoTokenizer.from_pretrained(str(path))
+    probe = "def f(x): return <search>json</search>"
+    ids = tok(probe, add_special_tokens=False)["input_ids"]
+    if not ids or tok.decode(ids) != probe:
+        raise RuntimeError(
+            f"tokenizer at {path} does not round-trip text (got {len(ids)} ids); "
+            "check the transformers version (pinned >=5.16.1,<5.20)"
+        )
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def load_policy(path: str | os.PathLike, dtype: str = "float32", gradient_checkpointing: bool = False,
+                attn_implementation: str | None = None):
+    """Load a causal LM from a local directory or hub id (hub ids need network; CPU defaults never do)."""
+    kwargs = {"dtype": resolve_dtype(dtype)}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    return model

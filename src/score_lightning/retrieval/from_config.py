@@ -1,0 +1,24 @@
+"""Build the configured retriever (the ``retriever`` config group) for a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from score_lightning.retrieval.base import Retriever
+from score_lightning.retrieval.factory import build_retriever
+
+
+def retriever_from_config(rcfg: DictConfig, cache_dir: str | Path) -> Retriever:
+    if rcfg.kind == "bm25":
+        from score_lightning.data.corpus import default_corpus_path
+
+        corpus = rcfg.get("corpus_path") or default_corpus_path(Path(cache_dir) / "corpus")
+        return build_retriever("bm25", corpus_path=corpus, index_dir=rcfg.get("index_dir"))
+    if rcfg.kind == "http":
+        return build_retriever(
+            "http", url=rcfg.url, timeout_s=float(rcfg.get("timeout_s", 10.0)),
+            max_retries=int(rcfg.get("max_retries", 3)), backoff_s=float(rcfg.get("backoff_s", 0.25)),
+        )
+    return build_retriever(rcfg.kind)

@@ -1,0 +1,103 @@
+"""Client for Search-R1-style ``POST /retrieve`` servers (ours in ``server.py``, or Search-R1's own).
+
+Transient failures (timeouts, refused connections, 5xx, garbled JSON) are retried with exponential
+backoff, because one flaky request should not kill a multi-hour run; client errors (4xx) are bugs
+in the request and fail at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import requests
+
+from score_lightning.retrieval.base import RetrievalError, SearchHit
+
+log = logging.getLogger(__name__)
+
+
+class _Retryable(Exception):
+    """A failure worth another attempt."""
+
+
+def _parse_entry(entry: Any) -> SearchHit:
+    """Accept ``{"document": {"id","contents"}, "score": s}`` and plain ``{"id","contents"}``."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"result entry must be an object, got {type(entry).__name__}")
+    doc, score = (entry["document"], entry.get("score", 0.0)) if "document" in entry else (entry, entry.get("score", 0.0))
+    if not isinstance(doc, dict) or "contents" not in doc:
+        raise ValueError(f"result entry has no document contents: {str(entry)[:200]}")
+    return SearchHit(id=str(doc.get("id", "")), contents=str(doc["contents"]), score=float(score))
+
+
+class HTTPRetriever:
+    """Remote retriever speaking the Search-R1 ``/retrieve`` API.
+
+    ``num_requests`` counts HTTP attempts (each retry is one); ``num_failures`` counts ``search``
+    calls that raised after the retries, for logging the backend's health.
+    """
+
+    def __init__(self, url: str, timeout_s: float = 10.0, max_retries: int = 3,
+                 backoff_s: float = 0.25, backoff_factor: float = 2.0) -> None:
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"retriever.url must start with http:// or https://, got {url!r}")
+        self.url = url
+        self.timeout_s = float(timeout_s)
+        self.max_retries = int(max_retries)
+        self.backoff_s = float(backoff_s)
+        self.backoff_factor = float(backoff_factor)
+        self.num_requests = 0
+        self.num_failures = 0
+        self._session = requests.Session()
+        self._sleep = time.sleep  # replaceable in tests
+
+    def _attempt(self, payload: dict, n_queries: int) -> list[list[SearchHit]]:
+        self.num_requests += 1
+        try:
+            resp = self._session.post(self.url, json=payload, timeout=self.timeout_s)
+        except (requests.Timeout, requests.ConnectionError) as exc:
+            raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
+        if resp.status_code >= 500:
+            raise _Retryable(f"HTTP {resp.status_code}: {resp.text[:200]}")
+        if resp.status_code >= 400:
+            raise RetrievalError(
+                f"retriever at {self.url} rejected the request with HTTP {resp.status_code} "
+                f"(not retried): {resp.text[:300]}"
+            )
+        try:
+            body = resp.json()
+            result = body["result"]
+            if not isinstance(result, list) or len(result) != n_queries:
+                raise ValueError(f'"result" must be a list of {n_queries} lists')
+            return [[_parse_entry(e) for e in hits] for hits in result]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise _Retryable(f"malformed response ({exc}): {resp.text[:200]}") from exc
+
+    def search(self, queries: list[str], topk: int) -> list[list[SearchHit]]:
+        if isinstance(queries, str):
+            raise TypeError("queries must be a list of strings, not a single string")
+        if not queries:
+            return []
+        payload = {"queries": list(queries), "topk": int(topk), "return_scores": True}
+        last: str = ""
+        attempts = self.max_retries + 1
+        for i in range(attempts):
+            if i > 0:
+                self._sleep(self.backoff_s * self.backoff_factor ** (i - 1))
+            try:
+                return self._attempt(payload, len(queries))
+            except _Retryable as exc:
+                last = str(exc)
+                log.warning("retrieval attempt %d/%d to %s failed: %s", i + 1, attempts, self.url, last)
+            except RetrievalError:
+                self.num_failures += 1
+                raise
+        self.num_failures += 1
+        raise RetrievalError(f"retriever at {self.url} failed after {attempts} attempts; last error: {last}")
+
+    def close(self) -> None:
+        self._session.close()

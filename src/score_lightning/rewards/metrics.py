@@ -1,0 +1,75 @@
+"""torchmetrics wrappers around the reward functions, for logging across devices.
+
+Each metric keeps a *sum* and a *count* (both reduced with ``sum``), and ``compute`` divides
+them. That gives the pooled mean over every item seen on every rank, not a mean of per-rank
+means (which would over-weight a rank that saw fewer items). ``compute`` on an empty metric
+returns 0.0 rather than NaN so that a step without items cannot trip NaN guards in the logs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+from score_lightning.rewards.functions import apply_verifier, citation_validity, group_consistency, solver_reward
+
+
+class _MeanMetric(Metric):
+    """Sum/count state with a pooled-mean ``compute``."""
+
+    full_state_update = False
+    is_differentiable = False
+    higher_is_better = True
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.add_state("total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def _accumulate(self, total: float | Tensor, count: int) -> None:
+        self.total += torch.as_tensor(total, dtype=torch.float64, device=self.total.device)
+        self.count += count
+
+    def compute(self) -> Tensor:
+        if int(self.count) == 0:
+            return torch.zeros((), dtype=torch.float64, device=self.total.device)
+        return self.total / self.count
+
+
+class RubricReward(_MeanMetric):
+    """Mean solver reward R_s over reports, optionally after the reward verifier."""
+
+    def update(
+        self,
+        validity: Tensor,
+        scores: Tensor,
+        weights: Tensor,
+        depth: Tensor | None = None,
+        min_depth: int = 0,
+    ) -> None:
+        if depth is not None:
+            scores, _ = apply_verifier(scores, depth, min_depth)
+        rewards = solver_reward(validity, scores, weights)
+        self._accumulate(rewards.detach().double().sum(), rewards.numel())
+
+
+class Consistency(_MeanMetric):
+    """Mean per-query consistency C_i (the evaluator reward R_eval, pooled over queries)."""
+
+    def update(self, groups: Sequence[Sequence[str]]) -> None:
+        if len(groups) == 0:
+            return
+        per_query, _ = group_consistency(groups)
+        self._accumulate(sum(per_query), len(per_query))
+
+
+class CitationValidity(_MeanMetric):
+    """Mean share of cited ids that were retrieved, over reports that cite anything."""
+
+    def update(self, pairs: Iterable[tuple[Sequence[str], Sequence[str]]]) -> None:
+        values = [v for cited, retrieved in pairs if (v := citation_validity(cited, retrieved)) is not None]
+        if values:
+            self._accumulate(sum(values), len(values))

@@ -1,0 +1,194 @@
+"""Parser for the evaluator's scoring output (one block per report, one score per rubric dimension).
+
+Expected form (the evaluator may search and think before it)::
+
+    <report_evaluations>
+      <report id="1"><verification>...</verification><gap_analysis>...</gap_analysis>
+        <scores><score dim="factual_support" value="7" reason="..."/>...</scores></report>
+      ...
+    </report_evaluations>
+
+Rules, chosen so that a truncated or sloppy output is never rewarded as if it were complete:
+
+* the *last* ``<report_evaluations>`` opening is used (earlier ones may sit in ``<think>``);
+  a missing closing tag makes the whole parse invalid, but the reports present are still read;
+* a report runs from ``<report id=N>`` to ``</report>`` (a missing close invalidates it);
+  ids outside 1..K are ignored, a repeated id keeps the first and invalidates the parse;
+* scores are read from the report's ``<scores>`` block (missing block or close: invalid);
+  a value must be a plain number in 0..10, is stored as value/10 clipped to [0, 1], and an
+  out-of-range or repeated value invalidates the report; dimensions not in the rubric are ignored;
+* ``<verification>`` / ``<gap_analysis>`` count as present when closed and non-empty.
+
+Parsing never raises; problems are reported in ``error`` (the first problem found).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from score_lightning.protocol import (
+    EVALS_CLOSE,
+    EVALS_OPEN,
+    GAP_CLOSE,
+    GAP_OPEN,
+    REPORT_CLOSE,
+    SCORES_CLOSE,
+    SCORES_OPEN,
+    VERIFICATION_CLOSE,
+    VERIFICATION_OPEN,
+)
+from score_lightning.roles.rubric import ATTR_PATTERN, Rubric, parse_attributes, parse_number
+
+_REPORT_OPEN_RE = re.compile(rf"<report((?:\s+{ATTR_PATTERN})*)\s*>")
+_SCORE_RE = re.compile(rf"<score((?:\s+{ATTR_PATTERN})*)\s*/?>")
+
+#: Scores are integers 0..10 in the prompt; decimals are accepted, anything outside is invalid.
+SCORE_MAX = 10.0
+
+
+@dataclass(frozen=True)
+class ReportScores:
+    report_id: int
+    scores: dict[str, float]  # rubric dim -> value/10 clipped to [0, 1]
+    has_verification: bool
+    has_gap_analysis: bool
+    valid: bool
+    error: str
+
+
+@dataclass(frozen=True)
+class EvaluationParse:
+    reports: dict[int, ReportScores] = field(default_factory=dict)  # report id (1..K) -> scores
+    valid: bool = False
+    error: str = ""
+
+    def score_matrix(self, rubric: Rubric, num_reports: int) -> list[list[float]]:
+        """``[K][k]`` scores in rubric order; a missing report or dimension scores 0.0.
+
+        Scores of reports that parsed but are invalid are kept; callers gate on validity.
+        """
+        rows = []
+        for rid in range(1, num_reports + 1):
+            rep = self.reports.get(rid)
+            rows.append([rep.scores.get(d, 0.0) if rep is not None else 0.0 for d in rubric.dims])
+        return rows
+
+
+def _section(body: str, open_tag: str, close_tag: str) -> str | None:
+    """Inner text of the first closed ``open_tag`` section, or ``None``."""
+    start = body.find(open_tag)
+    if start < 0:
+        return None
+    end = body.find(close_tag, start + len(open_tag))
+    return None if end < 0 else body[start + len(open_tag) : end]
+
+
+def _parse_scores(region: str, dims: tuple[str, ...]) -> tuple[dict[str, float], list[str]]:
+    scores: dict[str, float] = {}
+    errors: list[str] = []
+    wanted = set(dims)
+    for m in _SCORE_RE.finditer(region):
+        attrs = parse_attributes(m.group(1))
+        dim = attrs.get("dim", "").strip()
+        if dim not in wanted:
+            continue
+        if dim in scores:
+            errors.append(f"duplicate score for '{dim}'")
+            continue
+        raw = attrs.get("value", "")
+        value = parse_number(raw)
+        if value is None:
+            errors.append(f"score {raw!r} for '{dim}' is not a number")
+            continue
+        if not 0.0 <= value <= SCORE_MAX:
+            errors.append(f"score {value:g} for '{dim}' outside 0..10")
+        scores[dim] = min(max(value / SCORE_MAX, 0.0), 1.0)
+    errors.extend(f"missing score for '{d}'" for d in dims if d not in scores)
+    return scores, errors
+
+
+def _parse_report(
+    rid: int, body: str, closed: bool, rubric: Rubric, require_verification: bool, require_gap_analysis: bool
+) -> ReportScores:
+    errors: list[str] = [] if closed else [f"missing {REPORT_CLOSE}"]
+    verification = _section(body, VERIFICATION_OPEN, VERIFICATION_CLOSE)
+    gap = _section(body, GAP_OPEN, GAP_CLOSE)
+    has_ver = bool(verification and verification.strip())
+    has_gap = bool(gap and gap.strip())
+    if require_verification and not has_ver:
+        errors.append(f"missing {VERIFICATION_OPEN}")
+    if require_gap_analysis and not has_gap:
+        errors.append(f"missing {GAP_OPEN}")
+    start = body.find(SCORES_OPEN)
+    if start < 0:
+        errors.append(f"missing {SCORES_OPEN}")
+        region = body
+    else:
+        end = body.find(SCORES_CLOSE, start)
+        if end < 0:
+            errors.append(f"missing {SCORES_CLOSE}")
+            region = body[start:]
+        else:
+            region = body[start:end]
+    scores, score_errors = _parse_scores(region, rubric.dims)
+    errors.extend(score_errors)
+    error = f"report {rid}: {errors[0]}" if errors else ""
+    return ReportScores(rid, scores, has_ver, has_gap, valid=not errors, error=error)
+
+
+def parse_evaluation(
+    text: str,
+    rubric: Rubric,
+    num_reports: int,
+    *,
+    require_verification: bool = False,
+    require_gap_analysis: bool = False,
+) -> EvaluationParse:
+    """Scores for reports 1..``num_reports``; valid only when all are present and valid. Never raises."""
+    if not isinstance(text, str):
+        return EvaluationParse({}, False, "not text")
+    errors: list[str] = []
+    start = text.rfind(EVALS_OPEN)
+    if start < 0:
+        errors.append(f"missing {EVALS_OPEN}")
+        region = text
+    else:
+        region = text[start + len(EVALS_OPEN) :]
+        end = region.find(EVALS_CLOSE)
+        if end < 0:
+            errors.append(f"missing {EVALS_CLOSE}")
+        else:
+            region = region[:end]
+
+    reports: dict[int, ReportScores] = {}
+    openers = list(_REPORT_OPEN_RE.finditer(region))
+    for i, m in enumerate(openers):
+        stop = openers[i + 1].start() if i + 1 < len(openers) else len(region)
+        body = region[m.end() : stop]
+        close = body.find(REPORT_CLOSE)
+        closed = close >= 0
+        if closed:
+            body = body[:close]
+        raw_id = parse_attributes(m.group(1)).get("id", "")
+        rid_f = parse_number(raw_id)
+        if rid_f is None or rid_f != int(rid_f):
+            errors.append(f"report with bad id {raw_id!r}")
+            continue
+        rid = int(rid_f)
+        if not 1 <= rid <= num_reports:
+            continue
+        if rid in reports:
+            errors.append(f"duplicate report id {rid}")
+            continue
+        reports[rid] = _parse_report(rid, body, closed, rubric, require_verification, require_gap_analysis)
+
+    for rid in range(1, num_reports + 1):
+        rep = reports.get(rid)
+        if rep is None:
+            errors.append(f"missing report {rid}")
+        elif not rep.valid:
+            errors.append(rep.error)
+    if num_reports < 1:
+        errors.append(f"num_reports={num_reports} must be >= 1")
+    return EvaluationParse(reports, valid=not errors, error=errors[0] if errors else "")

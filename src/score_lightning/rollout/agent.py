@@ -1,0 +1,193 @@
+"""The multi-turn search agent loop, batched over every active trajectory.
+
+Turn structure: generate until ``</search>``, the role's finish tag or EOS; run the search; append
+``<observation>…</observation>`` (mask 0, truncated to a token budget); repeat up to
+``max_tool_calls``; then one final turn that may only finish. Malformed actions get a fixed
+"invalid action" observation and are counted, never raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from score_lightning import protocol as P
+from score_lightning.retrieval.base import RetrievalError, Retriever
+from score_lightning.rollout.engine import RolloutEngine, SamplingParams
+from score_lightning.rollout.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    max_tool_calls: int = 10
+    max_response_tokens: int = 512
+    max_observation_tokens: int = 128
+    topk: int = 3
+    temperature: float = 1.0
+    top_p: float = 1.0
+    #: the role's finishing tag: ``</answer>`` for the solver, ``</report_evaluations>`` for scoring
+    finish_tag: str = P.ANSWER_CLOSE
+    allow_search: bool = True
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str  # "search" | "finish" | "invalid" | "none"
+    query: str = ""
+    reason: str = ""
+
+
+_SEARCH_OPEN_RE = re.compile(re.escape(P.SEARCH_OPEN))
+
+
+def parse_search_action(segment: str) -> Action:
+    """Read the search call at the end of one generated turn (which stopped on ``</search>``).
+
+    Invalid: no opening tag, an empty query, or more than one ``<search>`` before the close
+    (two queries in one call).
+    """
+    end = segment.rfind(P.SEARCH_CLOSE)
+    if end < 0:
+        return Action("invalid", reason="unclosed search tag")
+    head = segment[:end]
+    start = head.rfind(P.SEARCH_OPEN)
+    if start < 0:
+        return Action("invalid", reason="</search> without <search>")
+    # A second <search> in the same turn that was never closed means two queries in one call.
+    previous_close = head.rfind(P.SEARCH_CLOSE)
+    opens = len(_SEARCH_OPEN_RE.findall(head[previous_close + 1 if previous_close >= 0 else 0:]))
+    if opens > 1:
+        return Action("invalid", reason="two queries in one search call")
+    query = head[start + len(P.SEARCH_OPEN):].strip()
+    if not query:
+        return Action("invalid", reason="empty query")
+    if "\n\n" in query or any(tag in query for tag in (P.ANSWER_OPEN, P.OBS_OPEN, P.THINK_OPEN)):
+        return Action("invalid", reason="malformed query")
+    return Action("search", query=query)
+
+
+class TagStops:
+    """Stop criteria for a set of tags: token ids when a tag is one token, else stop strings."""
+
+    def __init__(self, tokenizer, tags: Sequence[str]):
+        ids, strings = [], []
+        for tag in tags:
+            enc = tokenizer(tag, add_special_tokens=False)["input_ids"]
+            (ids.append(enc[0]) if len(enc) == 1 else strings.append(tag))
+        self.token_ids, self.strings = tuple(ids), tuple(strings)
+
+
+def format_observation(hits, budget_tokens: int, tokenizer) -> tuple[list[int], list[str]]:
+    """Token ids of ``<observation>…</observation>`` with the passage text cut to ``budget_tokens``.
+
+    The tags and the body are tokenised separately and concatenated, so the mask boundary is exact.
+    """
+    body = "\n".join(f"[{h.id}] {h.text}" for h in hits) if hits else "No results."
+    return _wrap_observation(body, budget_tokens, tokenizer), [h.id for h in hits]
+
+
+def _wrap_observation(body: str, budget_tokens: int, tokenizer) -> list[int]:
+    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    body_ids = enc(body)[: max(budget_tokens, 1)]
+    return enc("\n") + enc(P.OBS_OPEN) + body_ids + enc(P.OBS_CLOSE) + enc("\n")
+
+
+def run_agent(
+    engine: RolloutEngine,
+    tokenizer,
+    prompts: Sequence[Sequence[int]],
+    retriever: Retriever | None,
+    cfg: AgentConfig,
+    metas: Sequence[dict] | None = None,
+) -> list[Trajectory]:
+    """Roll out every prompt to completion; returns one :class:`Trajectory` per prompt, in order."""
+    trajs = [Trajectory(prompt_ids=list(p), meta=dict(metas[i]) if metas else {}) for i, p in enumerate(prompts)]
+    search_stops = TagStops(tokenizer, [P.SEARCH_CLOSE, cfg.finish_tag])
+    final_stops = TagStops(tokenizer, [cfg.finish_tag])
+    active = list(range(len(trajs)))
+    while active:
+        # Group by whether search is still allowed: the stop set differs.
+        can_search = [i for i in active if cfg.allow_search and trajs[i].tool_calls < cfg.max_tool_calls]
+        final = [i for i in active if i not in set(can_search)]
+        pending: list[tuple[int, str]] = []
+        for group, stops in ((can_search, search_stops), (final, final_stops)):
+            if not group:
+                continue
+            budget = max(cfg.max_response_tokens - len(trajs[i].response_ids) for i in group)
+            params = SamplingParams(
+                max_new_tokens=budget, temperature=cfg.temperature, top_p=cfg.top_p,
+                stop_token_ids=stops.token_ids, stop_strings=stops.strings,
+            )
+            gens = engine.generate([trajs[i].prompt_ids + trajs[i].response_ids for i in group], params)
+            for i, gen in zip(group, gens):
+                t = trajs[i]
+                room = cfg.max_response_tokens - len(t.response_ids)
+                ids = gen.token_ids[:room]
+                lps = gen.logprobs[:room] if gen.logprobs is not None else None
+                cut = len(ids) < len(gen.token_ids)
+                t.append(ids, 1, lps)
+                segment = tokenizer.decode(ids)
+                if cut or (gen.finish_reason == "length" and not segment.endswith(cfg.finish_tag)):
+                    t.truncated = True
+                    continue
+                if segment.endswith(cfg.finish_tag) or (ids and ids[-1] == getattr(tokenizer, "eos_token_id", None)):
+                    if segment.rstrip().endswith(P.SEARCH_OPEN) or _unclosed_search(segment):
+                        # EOS inside an open search call: a malformed action, answer it and go on
+                        pending.append((i, ""))
+                        t.invalid_actions += 1
+                        t.tool_calls += 1
+                        continue
+                    t.finished = True
+                    continue
+                if i in set(can_search) and segment.endswith(P.SEARCH_CLOSE):
+                    action = parse_search_action(segment)
+                    t.tool_calls += 1
+                    if action.kind == "search":
+                        pending.append((i, action.query))
+                        t.search_queries.append(action.query)
+                    else:
+                        t.invalid_actions += 1
+                        pending.append((i, ""))
+                    continue
+                t.truncated = True  # stopped for an unknown reason: treat as cut
+        _answer_searches(pending, trajs, retriever, cfg, tokenizer)
+        active = [i for i in active if not trajs[i].finished and not trajs[i].truncated]
+    return trajs
+
+
+def _unclosed_search(segment: str) -> bool:
+    return segment.rfind(P.SEARCH_OPEN) > segment.rfind(P.SEARCH_CLOSE)
+
+
+def _answer_searches(pending, trajs, retriever, cfg: AgentConfig, tokenizer) -> None:
+    """Run all pending queries in one retriever call and append the observations."""
+    queries = [(i, q) for i, q in pending if q]
+    results: dict[int, list] = {}
+    failed = False
+    if queries and retriever is not None:
+        try:
+            hits = retriever.search([q for _, q in queries], cfg.topk)
+            results = {i: h for (i, _), h in zip(queries, hits)}
+        except RetrievalError as exc:
+            log.warning("retrieval failed for %d queries: %s", len(queries), exc)
+            failed = True
+    for i, q in pending:
+        t = trajs[i]
+        if not q:
+            ids = _wrap_observation(P.INVALID_ACTION_OBSERVATION, cfg.max_observation_tokens, tokenizer)
+        elif failed or retriever is None:
+            t.retrieval_errors += 1
+            ids = _wrap_observation(P.RETRIEVAL_FAILED_OBSERVATION, cfg.max_observation_tokens, tokenizer)
+        else:
+            ids, doc_ids = format_observation(results.get(i, []), cfg.max_observation_tokens, tokenizer)
+            t.retrieved_ids.extend(d for d in doc_ids if d not in t.retrieved_ids)
+        if t.tool_calls >= cfg.max_tool_calls:
+            ids = ids + _wrap_observation(P.TOOL_BUDGET_OBSERVATION, 64, tokenizer)
+        room = cfg.max_response_tokens - len(t.response_ids)
+        t.append(ids[:room], 0)
+        if len(t.response_ids) >= cfg.max_response_tokens:
+            t.truncated = True

