@@ -105,3 +105,16 @@ def test_bad_batch_size_is_a_clear_error(small_queries):
         QueryDataModule(str(small_queries), batch_size=2, num_workers=2).train_dataloader()
     with pytest.raises(ValueError, match="cursor"):
         dm.set_start_cursor(-1)
+
+
+def test_ranks_get_disjoint_slices_of_the_global_batch():
+    from score_lightning.data.datamodule import QueryStream
+    from score_lightning.data.queries import load_queries
+
+    qs = load_queries(None)
+    whole = QueryStream(qs, 4, seed=3).batch(5)
+    halves = [QueryStream(qs, 4, seed=3, rank=r, world_size=2).batch(5) for r in range(2)]
+    assert halves[0]["id"] + halves[1]["id"] == whole["id"]
+    assert not set(halves[0]["id"]) & set(halves[1]["id"])
+    with pytest.raises(ValueError, match="data.batch_size=3"):
+        QueryStream(qs, 3, seed=0, world_size=2)

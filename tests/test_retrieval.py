@@ -142,6 +142,19 @@ def test_index_round_trip_and_rebuild_on_corpus_change(corpus_path, tmp_path):
     assert BM25Retriever(corpus, index_dir=index, k1=1.2).loaded_from_disk
 
 
+def test_concurrent_constructors_build_once(corpus_path, tmp_path):
+    index = tmp_path / "shared"
+    made: list[BM25Retriever] = []
+    threads = [threading.Thread(target=lambda: made.append(BM25Retriever(corpus_path, index_dir=index)))
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(r.loaded_from_disk for r in made) == [False, True, True]
+    assert len({json.dumps(_hits(r.search(["json dumps", "lock"], 5))) for r in made}) == 1
+
+
 def test_damaged_index_is_rebuilt(corpus_path, tmp_path):
     index = tmp_path / "index"
     BM25Retriever(corpus_path, index_dir=index)
@@ -200,7 +213,7 @@ def test_server_down_retries_then_raises():
     assert slept == pytest.approx([0.01, 0.03, 0.09])
 
 
-def test_real_backoff_sleeps(monkeypatch):
+def test_real_backoff_sleeps():
     port = _free_port()
     client = HTTPRetriever(f"http://127.0.0.1:{port}/retrieve", max_retries=2, backoff_s=0.05)
     t0 = time.monotonic()

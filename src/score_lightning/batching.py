@@ -64,9 +64,13 @@ def build_token_batch(
 
 
 def policy_logprobs(
-    model: nn.Module, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False
+    model: nn.Module, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """Per-token log-probs of the targets (and entropy) under ``model``; [N, L-1] each."""
+    """Per-token log-probs of the targets (and entropy) under ``model``; [N, L-1] each.
+
+    Entropy is detached (a logged statistic) unless ``entropy_grad`` (an entropy bonus in the loss).
+    """
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
     logits = out.logits[:, :-1, :].float()
     if temperature != 1.0:
@@ -74,6 +78,6 @@ def policy_logprobs(
     logp = token_logprobs(logits, batch.input_ids[:, 1:])
     ent = None
     if with_entropy:
-        with torch.no_grad():
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             ent = entropy_from_logits(logits)
     return logp, ent

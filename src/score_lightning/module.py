@@ -265,6 +265,14 @@ class ScoreModule(LightningModule):
         dist.all_reduce(t)
         return float(t.item())
 
+    def _gather_objects(self, obj: Any) -> list:
+        ws, multi = self._world()
+        if not multi:
+            return [obj]
+        out = [None] * ws
+        dist.all_gather_object(out, obj)
+        return out
+
     def _optimizer_step(self, opt_index: int, params: list[torch.nn.Parameter], phase: str) -> tuple[float, bool]:
         """Clip, check finiteness and step. Returns (grad_norm, stepped)."""
         opts = self.optimizers()
@@ -321,7 +329,8 @@ class ScoreModule(LightningModule):
                     idx = rows[ms:ms + micro]
                     sub = batch.rows(idx).to(self.device)
                     width = sub.loss_mask.shape[1]
-                    logp, ent = policy_logprobs(self.policy, sub, temp, with_entropy=True)
+                    logp, ent = policy_logprobs(self.policy, sub, temp, with_entropy=True,
+                                                entropy_grad=float(c.loss.entropy_coef) > 0)
                     old = old_lp[idx, :width].to(self.device) if old_lp is not None else logp.detach()
                     ref = ref_lp[idx, :width].to(self.device) if ref_lp is not None else None
                     loss_sum, st = grpo_token_loss(
@@ -400,16 +409,22 @@ class ScoreModule(LightningModule):
             metrics["solver/zero_advantage_step"] = 0.0
         if not bool(c.solver.freeze):
             metrics.update(self.solver_update(ro, rewards))
-        # consistency reward and EMA-centred advantage for the evaluator
-        r_eval = rw["consistency"]
-        eval_reward = r_eval if ro.rubric_valid else float(c.evaluator.invalid_rubric_reward)
-        advantage, base = self.baseline.update(eval_reward)
+        # consistency reward and EMA-centred advantage for the evaluator. Each data-parallel rank
+        # samples its own rubric (one evaluator rollout per rank); the baseline and the scheduler
+        # see every rank's results in rank order, so their state is identical on all ranks.
+        eval_reward = rw["consistency"] if ro.rubric_valid else float(c.evaluator.invalid_rubric_reward)
+        shared = self._gather_objects((eval_reward, rw["consistency"], list(ro.rubric.dims), rw["consistency_per_query"]))
+        r_eval = float(np.mean([g[1] for g in shared]))
+        b_prev = self.baseline.value
+        _, base = self.baseline.update(float(np.mean([g[0] for g in shared])))
+        advantage = eval_reward - b_prev
         do_eval = (bool(c.evaluator.enabled) and not bool(c.evaluator.static_rubric) and ro.rubric_traj is not None
                    and (self.score_step + 1) % int(c.evaluator.update_every) == 0)
         if do_eval:
             metrics.update(self.evaluator_update(ro, advantage))
         t3 = time.perf_counter()
-        self.scheduler.update_stats(list(ro.rubric.dims), rw["consistency_per_query"])
+        for _, _, dims, per_query in shared:
+            self.scheduler.update_stats(dims, per_query)
         for sch in self._schedulers():
             sch.step()
         self._check_halts(ro, metrics)
@@ -556,7 +571,9 @@ class ScoreModule(LightningModule):
             "skipped_steps": self.skipped_steps,
             "retrieval_errors_total": self.retrieval_errors_total,
             "recent": list(self._recent),
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+            "rng": _rng_state(),
+            # every rank's RNG (dump_checkpoint runs on all ranks; rank 0 writes the file)
+            "rng_per_rank": self._gather_objects(_rng_state()),
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -572,7 +589,8 @@ class ScoreModule(LightningModule):
         self.retrieval_errors_total = int(s.get("retrieval_errors_total", 0))
         self._recent.clear()
         self._recent.extend(s.get("recent", []))
-        self._pending_rng = s["rng"]
+        per_rank = s.get("rng_per_rank") or [s["rng"]]
+        self._pending_rng = per_rank[self.global_rank] if self.global_rank < len(per_rank) else s["rng"]
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if dm is not None and hasattr(dm, "set_start_cursor"):
             dm.set_start_cursor(self.data_cursor)
@@ -580,10 +598,14 @@ class ScoreModule(LightningModule):
     def on_train_start(self) -> None:
         # RNG is restored last, after setup consumed whatever it needed, so sampling resumes exactly.
         if self._pending_rng is not None:
-            torch.set_rng_state(self._pending_rng["torch"])
-            np.random.set_state(self._pending_rng["numpy"])
-            random.setstate(self._pending_rng["python"])
+            _set_rng_state(self._pending_rng)
             self._pending_rng = None
+        elif self.global_rank > 0:
+            # decorrelate sampling across data-parallel ranks; rank 0 keeps the single-process stream
+            seed = int(self.cfg.seed) + 1_000_003 * self.global_rank
+            torch.manual_seed(seed)
+            np.random.seed(seed % 2**32)
+            random.seed(seed)
 
     # ------------------------------------------------------------------ export
     def export_policy(self, out_dir: str | Path) -> Path:
@@ -598,3 +620,23 @@ class ScoreModule(LightningModule):
             model.save_pretrained(out, state_dict=state, safe_serialization=True)
             self.tokenizer.save_pretrained(out)
         return out
+
+
+def _rng_state() -> dict:
+    """RNG states as tensors and plain types, so checkpoints load with ``weights_only=True``."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, gauss_py = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "python": {"version": version, "internal": list(internal), "gauss": gauss_py},
+    }
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["internal"]), p["gauss"]))

@@ -30,9 +30,16 @@ def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
 class QueryStream(IterableDataset):
     """Yields ready batches ``{"id", "prompt", "cursor"}`` forever, starting at batch ``start``."""
 
-    def __init__(self, queries: list[Query], batch_size: int, seed: int, start: int = 0) -> None:
+    def __init__(self, queries: list[Query], batch_size: int, seed: int, start: int = 0,
+                 rank: int = 0, world_size: int = 1) -> None:
         super().__init__()
+        if batch_size % world_size:
+            raise ValueError(
+                f"data.batch_size={batch_size} is the global batch and must be divisible by the "
+                f"number of data-parallel processes ({world_size})"
+            )
         self.queries, self.batch_size, self.seed, self.start = queries, batch_size, seed, start
+        self.rank, self.world_size = rank, world_size
 
     def batch(self, n: int) -> dict:
         """Batch number ``n`` (0-based): items ``n*B .. (n+1)*B-1`` of the concatenated epochs."""
@@ -47,6 +54,9 @@ class QueryStream(IterableDataset):
             take = min(bsz - len(items), size - offset)
             items.extend(self.queries[int(i)] for i in perm[offset:offset + take])
             pos += take
+        # every rank walks the same global stream and keeps its own contiguous slice of batch n
+        per_rank = bsz // self.world_size
+        items = items[self.rank * per_rank:(self.rank + 1) * per_rank]
         return {"id": [q.id for q in items], "prompt": [q.prompt for q in items], "cursor": n + 1}
 
     def __iter__(self) -> Iterator[dict]:
@@ -97,7 +107,9 @@ class QueryDataModule(lightning.LightningDataModule):
         self.start_cursor = int(cursor)
 
     def dataset(self) -> QueryStream:
-        return QueryStream(self.queries, self.batch_size, self.seed, self.start_cursor)
+        trainer = self.trainer
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        return QueryStream(self.queries, self.batch_size, self.seed, self.start_cursor, rank, world)
 
     def train_dataloader(self) -> DataLoader:
         if self.num_workers > 1:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -93,17 +94,32 @@ class BM25Retriever:
             "k1": self.k1, "b": self.b, "tokenizer_version": TOKENIZER_VERSION,
         }
         self.index_dir = Path(index_dir) if index_dir is not None else None
-        if self.index_dir is not None and self._saved_meta() == meta:
+        if self.index_dir is None:
+            self._bm25 = self._build()
+            return
+        # Several processes (DDP ranks, a server) may share index_dir: one builds, the rest load.
+        self.index_dir.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.index_dir.with_name(f".{self.index_dir.name}.lock"), "w") as lock_fh:
+            fcntl.flock(lock_fh, fcntl.LOCK_EX)
             try:
-                self._bm25 = bm25s.BM25.load(str(self.index_dir), show_progress=False)
-                self.loaded_from_disk = True
-                return
-            except Exception as exc:  # noqa: BLE001 - a damaged index is rebuilt, not fatal
-                log.warning("could not load BM25 index from %s (%s); rebuilding", self.index_dir, exc)
-        self._bm25 = bm25s.BM25(k1=self.k1, b=self.b)
-        self._bm25.index(tokenize([_doc_text(d) for d in self.docs]), show_progress=False)
-        if self.index_dir is not None:
-            self._save(meta)
+                if self._saved_meta() == meta:
+                    try:
+                        self._bm25 = bm25s.BM25.load(str(self.index_dir), show_progress=False)
+                        self.loaded_from_disk = True
+                        return
+                    except Exception as exc:  # noqa: BLE001 - a damaged index is rebuilt, not fatal
+                        log.warning("could not load BM25 index from %s (%s); rebuilding", self.index_dir, exc)
+                self._bm25 = self._build()
+                self._save(meta)
+            finally:
+                fcntl.flock(lock_fh, fcntl.LOCK_UN)
+
+    def _build(self):
+        import bm25s
+
+        bm25 = bm25s.BM25(k1=self.k1, b=self.b)
+        bm25.index(tokenize([_doc_text(d) for d in self.docs]), show_progress=False)
+        return bm25
 
     def _saved_meta(self) -> dict | None:
         try:

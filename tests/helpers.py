@@ -1,0 +1,47 @@
+"""Test helpers: compose the real Hydra config with overrides, and read TensorBoard scalars."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: overrides that shrink tiny_score to seconds per step while keeping every phase active
+FAST = [
+    "experiment=tiny_score",
+    "solver.num_rollouts=2",
+    "data.batch_size=1",
+    "optim.mini_batch_size=1",
+    "optim.micro_batch_size=2",
+    "solver.max_response_tokens=40",
+    "solver.max_tool_calls=1",
+    "evaluator.max_response_tokens=40",
+    "evaluator.max_rubric_tokens=24",
+    "evaluator.max_tool_calls=1",
+    "trainer.enable_progress_bar=false",
+    "callbacks.collapse_guard.enabled=false",
+]
+
+
+def compose(overrides: list[str]) -> DictConfig:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return hydra_compose(config_name="train", overrides=overrides)
+
+
+def read_scalars(logdir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for events in sorted(Path(logdir).rglob("events.out.tfevents.*")):
+        ea = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        ea.Reload()
+        for tag in ea.Tags()["scalars"]:
+            out.setdefault(tag, []).extend((e.step, e.value) for e in ea.Scalars(tag))
+    return out
