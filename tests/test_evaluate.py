@@ -190,3 +190,16 @@ def test_cli_generate_limit_1(tiny_ckpt, corpus_file, cache_dir, tmp_path):
     assert len(rows) == 1 and rows[0]["id"] == 11 and set(rows[0]) == {"id", "prompt", "article"}
     assert read_lines(sources_path_for(out))[0]["id"] == 11
     assert "1 generated" in proc.stdout
+
+
+@pytest.mark.vllm
+def test_generate_with_vllm_engine(base_cfg, tokenizer, tmp_path):
+    pytest.importorskip("vllm")
+    cfg = replace(base_cfg, out=str(tmp_path / "v.jsonl"), engine="vllm", limit=2, dtype="float32",
+                  engine_kwargs={"enforce_eager": True})
+    # Not the bm25 fixture: loading a saved bm25s index imports numba/llvmlite, and vLLM 0.32's kernel
+    # registry scan of sys.modules then crashes on llvmlite objects (AttributeError in LLM()).
+    res = generate_articles(cfg, tokenizer=tokenizer, retriever=OneDocRetriever())  # builds and closes the engine
+    assert res.generated_ids == ["11", "12"]
+    rows = read_lines(Path(cfg.out))
+    assert [r["id"] for r in rows] == [11, 12] and all(set(r) == {"id", "prompt", "article"} for r in rows)

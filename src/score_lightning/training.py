@@ -75,10 +75,15 @@ def build_strategy(cfg: DictConfig):
     if s.name == "fsdp":
         from lightning.pytorch.strategies import ModelParallelStrategy
 
+        tp = int(s.tensor_parallel_size)
         dp = s.data_parallel_size
+        if dp in (None, "auto"):  # Lightning's "auto" would mean num_nodes; here: every process shards
+            devices = cfg.trainer.devices
+            world = (int(devices) if str(devices).isdigit() else 1) * int(cfg.trainer.num_nodes)
+            dp = max(1, world // tp)
         return ModelParallelStrategy(
-            data_parallel_size="auto" if dp in (None, "auto") else int(dp),
-            tensor_parallel_size=int(s.tensor_parallel_size),
+            data_parallel_size=int(dp),
+            tensor_parallel_size=tp,
             save_distributed_checkpoint=bool(s.save_distributed_checkpoint),
         )
     raise ValueError(f"strategy.name={s.name!r}: allowed 'single', 'ddp', 'fsdp'")

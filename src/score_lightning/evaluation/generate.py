@@ -395,6 +395,8 @@ def generate_articles(
     own_engine = engine is None
     if own_engine:
         engine = build_engine(cfg, tokenizer)
+    # The retriever is built after the engine on purpose: loading a saved bm25s index imports
+    # numba/llvmlite, and vLLM 0.32's start-up scan of sys.modules crashes on llvmlite objects.
     recorder = RecordingRetriever(retriever if retriever is not None else build_retriever_for(cfg))
     agent_cfg = AgentConfig(
         max_tool_calls=cfg.max_tool_calls, max_response_tokens=cfg.max_response_tokens,

@@ -113,7 +113,7 @@ class VLLMEngine:
         t0 = time.perf_counter()
         # An in-process engine seeds the global RNGs (torch, numpy, random) with ``seed``; keep the
         # trainer's streams untouched so adding the engine does not change anything else in the run.
-        with _preserve_rng():
+        with _preserve_rng(), _hide_unscannable_globals():
             self.llm = LLM(**kwargs)
         self.start_s = time.perf_counter() - t0
         log.info("vLLM engine for %s started in %.1f s", self.model_path, self.start_s)
@@ -246,6 +246,40 @@ def _sampled_logprobs(logprobs, ids: list[int]) -> list[float]:
         entry = logprobs[j].get(tok) if logprobs[j] else None
         out.append(float(entry.logprob) if entry is not None else 0.0)
     return out + [0.0] * (len(ids) - len(out))
+
+
+class _hide_unscannable_globals:
+    """Hide module globals that crash vLLM's kernel-override scan while the engine starts.
+
+    vLLM's CPU platform registers Triton-kernel overrides at worker start by scanning every loaded
+    module's globals and calling ``vars(value).get("kernel")``. An object whose ``__getattr__``
+    answers any name (llvmlite's ``ffi.lib``, loaded through numba when ``bm25s`` is imported, as
+    in every trainer run) makes that raise ``AttributeError: '_lib_fn_wrapper' object has no
+    attribute 'get'``. Such globals are swapped for ``None`` during construction and put back.
+    """
+
+    def __enter__(self):
+        import sys
+
+        self.hidden: list[tuple[dict, str, object]] = []
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if not isinstance(namespace, dict):
+                continue
+            for attr, value in list(namespace.items()):
+                try:
+                    if hasattr(value, "__dict__"):
+                        vars(value).get("kernel")
+                except Exception:
+                    self.hidden.append((namespace, attr, value))
+        for namespace, attr, _ in self.hidden:
+            namespace[attr] = None
+        return self
+
+    def __exit__(self, *exc):
+        for namespace, attr, value in self.hidden:
+            namespace[attr] = value
+        return False
 
 
 class _preserve_rng:
