@@ -8,15 +8,21 @@ import hydra
 from omegaconf import DictConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+EXIT_HALTED = 3  # the run stopped itself (NaNs, retrieval outage); 75 = preempted (see callbacks/preemption.py)
 os.environ.setdefault("PROJECT_ROOT", str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))  # run from a checkout without installing
 
 
 @hydra.main(version_base="1.3", config_path=str(ROOT / "configs"), config_name="train")
 def main(cfg: DictConfig) -> None:
+    from score_lightning.module import TrainingHalted
     from score_lightning.training import run
 
-    run(cfg)
+    try:
+        run(cfg)
+    except TrainingHalted as exc:  # a safety stop: the checkpoint is saved, the message says why
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_HALTED)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,9 @@ def validate_config(cfg: DictConfig) -> None:
     c("data.batch_size", _int(1), "an integer >= 1")
     c("harness.every_n_steps", _int(1), "an integer >= 1")
     c("harness.enabled", *_BOOL)
+    c("retriever.max_failed_steps", _int(1), "an integer >= 1")
+    c("callbacks.preemption.grace_s", _num(0.0), "a number of seconds >= 0")
+    c("debug.nan_grad_steps", lambda v: all(isinstance(x, int) and x >= 0 for x in v), "a list of SCORE step numbers")
     c("trainer.max_steps", _int(1), "an integer >= 1 (SCORE steps)")
     c("trainer.precision", lambda v: str(v) in _PRECISIONS, f"one of {sorted(_PRECISIONS)} (fp16 with a grad scaler is not supported)")
     c("retriever.kind", lambda v: v in ("bm25", "http"), "'bm25' or 'http'")
@@ -110,8 +113,13 @@ def validate_config(cfg: DictConfig) -> None:
         if value is not None and not Path(str(value)).is_file():
             e.append(f"{key}={value!r}: file not found")
     ckpt = OmegaConf.select(cfg, "ckpt_path")
-    if ckpt is not None and not Path(str(ckpt)).exists():
-        e.append(f"ckpt_path={ckpt!r}: no such checkpoint")
+    if ckpt is not None:
+        from score_lightning.checkpoint_io import CheckpointError, validate_checkpoint
+
+        try:
+            validate_checkpoint(str(ckpt))
+        except CheckpointError as exc:
+            e.append(str(exc))
     if OmegaConf.select(cfg, "model.name_or_path") is None and OmegaConf.select(cfg, "model.tiny") is None:
         e.append("model.name_or_path: null needs model.tiny (the tiny-model spec); set a checkpoint path or use model=tiny")
     mb, bs = OmegaConf.select(cfg, "optim.mini_batch_size"), OmegaConf.select(cfg, "data.batch_size")

@@ -37,6 +37,7 @@ from score_lightning.roles.answer import extract_conclusion, parse_answer
 from score_lightning.roles.evaluation import parse_evaluation
 from score_lightning.roles.prompts import rubric_messages, scoring_messages, solver_messages
 from score_lightning.roles.rubric import Rubric, fallback_rubric, parse_rubric, rubric_token_span
+from score_lightning.retrieval.base import RetrievalError
 from score_lightning.rollout.agent import AgentConfig, TagStops, run_agent
 from score_lightning.rollout.engine import SamplingParams
 from score_lightning.rollout.trajectory import Trajectory
@@ -87,6 +88,7 @@ class ScoreModule(LightningModule):
         self.consecutive_skips = 0
         self.retrieval_errors_total = 0
         self.consecutive_retrieval_outages = 0
+        self._max_consecutive_skips = 0
         self._recent: deque[dict[str, float]] = deque(maxlen=max(1, int(cfg.harness.every_n_steps)))
         self._pending_rng: dict | None = None
         self.policy = None
@@ -181,8 +183,23 @@ class ScoreModule(LightningModule):
             return parsed.rubric, True, "", traj
         return fallback_rubric(state), False, parsed.error, traj
 
+    def initial_evidence(self, queries: list[str]) -> tuple[list[list[str]], int]:
+        """D_q^0 = R(q): the retriever's top passages for each query (ids), and the failure count.
+
+        It grounds the environment of each query (METHOD: E_q = Harness(q, D_q^0, S)), appears in
+        the text samples, and doubles as a per-step retrieval health probe that does not depend on
+        whether the policy chose to search.
+        """
+        try:
+            hits = self.retriever.search(list(queries), int(self.cfg.solver.topk))
+            return [[h.id for h in row] for row in hits], 0
+        except RetrievalError as exc:
+            log.warning("initial retrieval failed at SCORE step %d: %s", self.score_step, exc)
+            return [[] for _ in queries], 1
+
     def rollout(self, queries: list[str]) -> StepRollouts:
         c = self.cfg
+        evidence, evidence_errors = self.initial_evidence(queries)
         rubric, valid, err, rubric_traj = self.sample_rubric(queries)
         solver_cfg = AgentConfig(
             max_tool_calls=int(c.solver.max_tool_calls), max_response_tokens=int(c.solver.max_response_tokens),
@@ -196,7 +213,8 @@ class ScoreModule(LightningModule):
                 prompts.append(ids)
                 metas.append({"query_index": qi, "k": k})
         solver = run_agent(self.engine, self.tokenizer, prompts, self.retriever, solver_cfg, metas)
-        return StepRollouts(queries, rubric, valid, err, rubric_traj, solver, scoring=[])
+        return StepRollouts(queries, rubric, valid, err, rubric_traj, solver, scoring=[],
+                            extras={"evidence": evidence, "evidence_errors": evidence_errors})
 
     def score_reports(self, ro: StepRollouts, answers: list) -> None:
         c = self.cfg
@@ -279,6 +297,10 @@ class ScoreModule(LightningModule):
         opt = opts[opt_index] if isinstance(opts, (list, tuple)) else opts
         if self.pre_step_hook is not None:
             self.pre_step_hook(self, phase)
+        if phase == "solver" and self.score_step in set(self.cfg.get("debug", {}).get("nan_grad_steps", []) or []):
+            for p in params:  # fault injection (debug.nan_grad_steps): poison this update's gradients
+                if p.grad is not None:
+                    p.grad.fill_(float("nan"))
         max_norm = float(self.cfg.optim.grad_clip)
         grads = [p for p in params if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(grads, max_norm if max_norm > 0 else float("inf"), foreach=None)
@@ -315,6 +337,12 @@ class ScoreModule(LightningModule):
                 old_lp = self._chunked_logprobs(self.policy, batch, temp, micro)
             if kl_coef > 0 and self.ref is not None:
                 ref_lp = self._chunked_logprobs(self.ref, batch, temp, micro)
+            if c.rollout.engine != "hf":
+                # engine vs trainer logprobs under the same (pre-update) weights: rollout/logprob_diff
+                from score_lightning.callbacks.vllm_rollout import logprob_mismatch
+
+                trainer_lp = old_lp if old_lp is not None else self._chunked_logprobs(self.policy, batch, temp, micro)
+                self.last_logprob_diff = logprob_mismatch(trajs, trainer_lp)
         sums = {"pg": 0.0, "kl": 0.0, "clipfrac": 0.0, "entropy": 0.0, "tokens": 0.0, "loss": 0.0}
         norms, stepped = [], 0
         ws, _ = self._world()
@@ -402,11 +430,7 @@ class ScoreModule(LightningModule):
         t2 = time.perf_counter()
         metrics: dict[str, float] = {}
         rewards = rw["rewards"]
-        if rewards.std() == 0 and len(rewards) > 1:
-            metrics["solver/zero_advantage_step"] = 1.0
-            log.info("SCORE step %d: all rewards equal (%.3f): zero advantages", self.score_step, float(rewards[0]))
-        else:
-            metrics["solver/zero_advantage_step"] = 0.0
+        metrics.update(self._degenerate_cases(ro, rw))
         if not bool(c.solver.freeze):
             metrics.update(self.solver_update(ro, rewards))
         # consistency reward and EMA-centred advantage for the evaluator. Each data-parallel rank
@@ -427,15 +451,43 @@ class ScoreModule(LightningModule):
             self.scheduler.update_stats(dims, per_query)
         for sch in self._schedulers():
             sch.step()
-        self._check_halts(ro, metrics)
+        self._count_faults(ro, metrics)
         metrics.update(self._step_metrics(ro, rw, r_eval, advantage, base, t1 - t0, t2 - t1, t3 - t2))
         self.last_rollouts = ro
         self.score_step += 1
         self._advance_global_step()
         self._log_metrics(metrics)
+        self._maybe_halt(metrics)
+        log.info("SCORE step %d done: reward=%.3f valid=%.2f rubric_valid=%d consistency=%.3f tool_calls=%.2f (%.1fs)",
+                 self.score_step, metrics["solver/reward_mean"], metrics["solver/answer_valid_rate"],
+                 int(ro.rubric_valid), r_eval, metrics["rollout/tool_calls_mean"], time.perf_counter() - t0)
         if int(c.logging.text_every_n_steps) > 0 and (self.score_step % int(c.logging.text_every_n_steps) == 1
                                                       or int(c.logging.text_every_n_steps) == 1):
             self._log_text(ro, rw)
+
+    def _degenerate_cases(self, ro: StepRollouts, rw: dict) -> dict[str, float]:
+        """The explicit paths for bad model output; each is logged, none is an error.
+
+        - no valid rubric: the solver was conditioned on the harness fallback rubric
+          (``evaluator/fallback_rubric``), and the evaluator is rewarded ``invalid_rubric_reward``;
+        - a group with no valid report: every reward in it is 0, so its advantages are exactly 0
+          (``solver/no_valid_report_group_rate``);
+        - a group whose rewards are all equal: zero advantages, no policy gradient from it
+          (``solver/zero_advantage_group_rate``); the KL and entropy terms still apply.
+        """
+        K, n = self.K, len(ro.queries)
+        rewards, validity = rw["rewards"].view(n, K), rw["validity"].view(n, K)
+        no_valid = (validity.sum(dim=1) == 0).float()
+        equal = (rewards.max(dim=1).values == rewards.min(dim=1).values).float()
+        if not ro.rubric_valid:
+            log.info("SCORE step %d: invalid rubric (%s): solver used the fallback rubric", self.score_step, ro.rubric_error)
+        if bool(equal.all()):
+            log.info("SCORE step %d: all rewards equal within every group: zero advantages", self.score_step)
+        return {
+            "evaluator/fallback_rubric": float(not ro.rubric_valid),
+            "solver/no_valid_report_group_rate": float(no_valid.mean()),
+            "solver/zero_advantage_group_rate": float(equal.mean()),
+        }
 
     def _schedulers(self) -> list:
         s = self.lr_schedulers()
@@ -454,27 +506,37 @@ class ScoreModule(LightningModule):
         progress.increment_ready()
         progress.increment_completed()
 
-    def _check_halts(self, ro: StepRollouts, metrics: dict) -> None:
-        limit = int(self.cfg.optim.max_consecutive_skips)
-        if self.consecutive_skips > limit:
-            self._halt(f"{self.consecutive_skips} consecutive non-finite updates (optim.max_consecutive_skips={limit})")
-        searches = sum(t.tool_calls - t.invalid_actions for t in ro.solver + ro.scoring)
-        errors = sum(t.retrieval_errors for t in ro.solver + ro.scoring)
+    def _count_faults(self, ro: StepRollouts, metrics: dict) -> None:
+        """Retrieval and numeric fault counters, summed over ranks so every rank decides alike."""
+        searches = sum(t.tool_calls - t.invalid_actions for t in ro.solver + ro.scoring) + len(ro.queries)
+        errors = sum(t.retrieval_errors for t in ro.solver + ro.scoring) + len(ro.queries) * ro.extras.get("evidence_errors", 0)
+        per_rank = self._gather_objects((searches, errors, self.consecutive_skips))
+        searches, errors = sum(g[0] for g in per_rank), sum(g[1] for g in per_rank)
+        self._max_consecutive_skips = max(g[2] for g in per_rank)
         self.retrieval_errors_total += errors
-        if searches > 0 and errors >= searches:
-            self.consecutive_retrieval_outages += 1
-        else:
-            self.consecutive_retrieval_outages = 0
-        limit_r = int(OmegaConf.select(self.cfg, "retriever.max_failed_steps", default=5))
+        metrics["rollout/retrieval_errors_step"] = float(errors)
+        self.consecutive_retrieval_outages = self.consecutive_retrieval_outages + 1 if errors >= searches > 0 else 0
+
+    def _maybe_halt(self, metrics: dict[str, float]) -> None:
+        """Stop (with a checkpoint) instead of training on garbage: repeated NaNs or a dead retriever."""
+        limit = int(self.cfg.optim.max_consecutive_skips)
+        if self._max_consecutive_skips > limit:
+            self._halt(metrics, f"{self._max_consecutive_skips} consecutive non-finite updates (optim.max_consecutive_skips={limit})")
+        limit_r = int(self.cfg.retriever.max_failed_steps)
         if self.consecutive_retrieval_outages >= limit_r:
-            self._halt(f"every retrieval failed in {self.consecutive_retrieval_outages} consecutive steps "
+            self._halt(metrics, f"every retrieval failed in {self.consecutive_retrieval_outages} consecutive steps "
                        f"(retriever.max_failed_steps={limit_r}); check {self.cfg.retriever.get('url') or 'the retriever'}")
 
-    def _halt(self, reason: str) -> None:
-        path = Path(self.cfg.paths.output_dir) / "checkpoints" / "halted.ckpt"
-        self.score_step += 1
-        self._advance_global_step()
+    def _halt(self, metrics: dict[str, float], reason: str) -> None:
+        """Write ``last.ckpt`` for the finished step (atomic) and stop with :class:`TrainingHalted`."""
+        if self.logger is not None and self.global_rank == 0:
+            # self.log() would only flush after training_step returns, which it will not
+            clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+            self.logger.log_metrics(clean, step=self.score_step - 1)
+            self.logger.save()
+        path = Path(self.cfg.callbacks.model_checkpoint.dirpath) / "last.ckpt"
         self.trainer.save_checkpoint(str(path))
+        log.error("training stopped: %s; checkpoint saved to %s", reason, path)
         raise TrainingHalted(f"training stopped: {reason}; checkpoint saved to {path}")
 
     def _step_metrics(self, ro, rw, r_eval, advantage, base, t_roll, t_score, t_update) -> dict[str, float]:
@@ -521,7 +583,7 @@ class ScoreModule(LightningModule):
         return m
 
     def _logprob_mismatch(self, trajs: list[Trajectory]) -> float | None:
-        """Mean |engine logprob - trainer logprob| is computed by the vLLM callback; HF shares the model."""
+        """Mean |engine - trainer| logprob over sampled tokens (set in ``solver_update`` for non-HF engines)."""
         return getattr(self, "last_logprob_diff", None)
 
     def _log_metrics(self, metrics: dict[str, float]) -> None:

@@ -96,9 +96,12 @@ def build_callbacks(cfg: DictConfig) -> list:
     from score_lightning.callbacks.collapse_guard import CollapseGuard
     from score_lightning.callbacks.meta_harness import MetaHarnessCallback
 
+    from score_lightning.callbacks.preemption import PreemptionCallback
+
     cb = cfg.callbacks
     callbacks: list = [
         ScoreCheckpoint(dirpath=cb.model_checkpoint.dirpath, every_n_steps=int(cb.model_checkpoint.every_n_steps)),
+        PreemptionCallback(grace_s=float(cb.preemption.grace_s)),
         MetaHarnessCallback(instantiate(cfg.harness.backend), every_n_steps=int(cb.meta_harness.every_n_steps),
                             enabled=bool(cfg.harness.enabled)),
     ]
@@ -119,7 +122,11 @@ def build_trainer(cfg: DictConfig, callbacks: list):
     import lightning.pytorch as pl
     from lightning.pytorch.loggers import TensorBoardLogger
 
+    from score_lightning.checkpoint_io import AtomicCheckpointIO
+
     t = cfg.trainer
+    # FSDP writes sharded checkpoint directories through torch.distributed.checkpoint instead
+    plugins = [] if cfg.strategy.name == "fsdp" else [AtomicCheckpointIO()]
     logger = TensorBoardLogger(save_dir=cfg.logger.save_dir, name=cfg.logger.name, version="", default_hp_metric=False)
     return pl.Trainer(
         accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=build_strategy(cfg),
@@ -127,14 +134,21 @@ def build_trainer(cfg: DictConfig, callbacks: list):
         log_every_n_steps=int(t.log_every_n_steps), enable_progress_bar=bool(t.enable_progress_bar),
         callbacks=callbacks, logger=logger, num_sanity_val_steps=0, limit_val_batches=0,
         use_distributed_sampler=False, enable_model_summary=False, default_root_dir=cfg.paths.output_dir,
-        enable_checkpointing=True,
+        enable_checkpointing=True, plugins=plugins,
     )
 
 
-def run(cfg: DictConfig) -> dict:
-    """Validate, build, fit, export. Returns the final logged metrics."""
+def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) -> dict:
+    """Validate, build, fit, export. Returns the final logged metrics.
+
+    ``extra_callbacks`` and ``module_hook(module)`` let tests and drills reach into a real run.
+    Raises :class:`~score_lightning.callbacks.preemption.Preempted` (exit code 75) after a
+    preemption checkpoint, and :class:`~score_lightning.module.TrainingHalted` when the run stopped
+    itself for safety (a checkpoint is saved in both cases).
+    """
     import lightning.pytorch as pl
 
+    from score_lightning.callbacks.preemption import Preempted, PreemptionCallback
     from score_lightning.data.datamodule import QueryDataModule
     from score_lightning.module import ScoreModule
 
@@ -146,8 +160,13 @@ def run(cfg: DictConfig) -> dict:
     model_path = maybe_run_sft(cfg, model_path)
     dm = QueryDataModule(cfg.data.queries_path, int(cfg.data.batch_size), int(cfg.seed), int(cfg.data.num_workers))
     module = ScoreModule(cfg, model_path)
-    trainer = build_trainer(cfg, build_callbacks(cfg))
+    if module_hook is not None:
+        module_hook(module)
+    callbacks = build_callbacks(cfg) + list(extra_callbacks or [])
+    trainer = build_trainer(cfg, callbacks)
     trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
+    if any(isinstance(c, PreemptionCallback) and c.preempted for c in callbacks):
+        raise Preempted()
     export = Path(cfg.paths.output_dir) / "export"
     module.export_policy(export)
     if trainer.is_global_zero:

@@ -47,8 +47,10 @@ from score_lightning.fsdp import iter_full_params
 
 log = logging.getLogger(__name__)
 
+#: keys of configs/rollout/vllm.yaml passed to VLLMEngine (``seeded_requests`` and ``enable_prefix_caching``
+#: are optional: engine defaults apply when absent)
 _ENGINE_KEYS = ("dtype", "gpu_memory_utilization", "tensor_parallel_size", "max_model_len", "enable_sleep_mode",
-                "enforce_eager", "max_batch_size")
+                "enforce_eager", "max_batch_size", "seeded_requests", "enable_prefix_caching")
 
 
 def logprob_mismatch(trajs: Sequence, trainer_lp: torch.Tensor) -> float | None:

@@ -7,7 +7,8 @@ conventions, so ``rollout=vllm`` and ``rollout=hf`` are interchangeable:
 * the returned ids end with the stop token (a ``stop_token_ids`` hit, or EOS) when
   ``finish_reason == "stop"``; a stop *string* is kept too (``include_stop_str_in_output``);
 * ``temperature == 0`` is greedy; sampled requests get per-request seeds drawn from torch's global
-  generator, so a seeded (or resumed) run samples the same tokens again;
+  generator, so a seeded (or resumed: the module restores torch's RNG) run samples the same tokens
+  again;
 * logprobs are those of the *sampled* token under the temperature-scaled distribution
   (``logprobs_mode="processed_logprobs"``), which is what the trainer recomputes with
   ``policy_logprobs(model, batch, temperature)``. They only feed the ``rollout/logprob_diff``
@@ -77,6 +78,7 @@ class VLLMEngine:
         seed: int = 0,
         max_batch_size: int = 256,
         enable_prefix_caching: bool = True,
+        seeded_requests: bool = True,
         **llm_kwargs,
     ):
         # The worker must live in this process for reload_weights to take tensors by reference.
@@ -89,6 +91,7 @@ class VLLMEngine:
         self.model_path = str(model_path)
         self.tensor_parallel_size = int(tensor_parallel_size)
         self.max_model_len = int(max_model_len)
+        self.seeded_requests = bool(seeded_requests)
         self.sleep_enabled = bool(enable_sleep_mode) and torch.cuda.is_available()
         if enable_sleep_mode and not self.sleep_enabled:
             log.info("rollout.enable_sleep_mode ignored: sleep mode needs CUDA")
@@ -148,7 +151,12 @@ class VLLMEngine:
             return []
         self._ensure_awake()
         # Per-request seeds from torch's global generator: reproducible under seed_everything and resume.
-        seeds = torch.randint(0, _SEED_MAX, (len(prompts),)).tolist()
+        # (vLLM samples seeded requests with one generator each: a small per-step cost at large batch;
+        # ``seeded_requests=False`` falls back to the engine's own stream, reproducible only within a run.)
+        if self.seeded_requests:
+            seeds = torch.randint(0, _SEED_MAX, (len(prompts),)).tolist()
+        else:
+            seeds = [None] * len(prompts)
         requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
         vparams = [self._vllm_params(params, len(p), s) for p, s in zip(prompts, seeds)]
         outputs = self.llm.generate(requests, vparams, use_tqdm=False)
@@ -260,9 +268,18 @@ class _hide_unscannable_globals:
 
     def __enter__(self):
         import sys
+        import warnings
 
         self.hidden: list[tuple[dict, str, object]] = []
-        for module in list(sys.modules.values()):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecated module attributes warn when touched
+            self._scan(sys.modules)
+        for namespace, attr, _ in self.hidden:
+            namespace[attr] = None
+        return self
+
+    def _scan(self, modules) -> None:
+        for module in list(modules.values()):
             namespace = getattr(module, "__dict__", None)
             if not isinstance(namespace, dict):
                 continue
@@ -272,9 +289,6 @@ class _hide_unscannable_globals:
                         vars(value).get("kernel")
                 except Exception:
                     self.hidden.append((namespace, attr, value))
-        for namespace, attr, _ in self.hidden:
-            namespace[attr] = None
-        return self
 
     def __exit__(self, *exc):
         for namespace, attr, value in self.hidden:

@@ -1,0 +1,176 @@
+"""Shared pieces of the benchmarks: the real Hydra config, the tiny checkpoint, the fixed prompts and
+reward, and a line protocol for worker subprocesses (one per side, so peak RSS is per side).
+
+Everything here is deterministic: the same checkpoint (built exactly as ``tests/conftest.py`` builds
+it), the same embedded queries through the solver chat template, and a reward that is a pure
+function of the completion text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("SCORE_LIGHTNING_CACHE", ROOT / ".cache" / "test"))
+os.environ.setdefault("SCORE_LIGHTNING_CACHE", str(CACHE))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+if str(ROOT / "src") not in sys.path:
+    sys.path.insert(0, str(ROOT / "src"))
+
+#: keywords the fixed reward counts; any deterministic function of the text would do
+KEYWORDS = ("the", "json", "python", "module", "file", "data", "<answer>", "</answer>")
+
+
+def compose(overrides: list[str]):
+    """The project's real Hydra config (``configs/train.yaml``) with overrides, as the tests compose it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return hydra_compose(config_name="train", overrides=overrides)
+
+
+def tiny_checkpoint() -> Path:
+    """The tests' cached tiny checkpoint; built (once, then cached) exactly as the conftest fixture does."""
+    from score_lightning.data.corpus import default_corpus_path
+    from score_lightning.models import TinyModelSpec, ensure_tiny_checkpoint
+    from score_lightning.training import tokenizer_extra_texts
+
+    CACHE.mkdir(parents=True, exist_ok=True)
+    corpus = default_corpus_path(CACHE / "corpus")
+    return ensure_tiny_checkpoint(CACHE / "models", TinyModelSpec(), corpus, tokenizer_extra_texts())
+
+
+def bench_queries(n: int) -> list[str]:
+    from score_lightning.data.queries import load_queries
+
+    qs = load_queries(None)
+    if n > len(qs):
+        raise ValueError(f"--prompts {n} > {len(qs)} embedded queries")
+    return [q.prompt for q in qs[:n]]
+
+
+def solver_chat(queries: list[str], cfg) -> list[list[dict]]:
+    """The single-turn solver messages ScoreModule.rollout builds (static fallback rubric, no tools)."""
+    from omegaconf import OmegaConf
+
+    from score_lightning.harness.state import HarnessState
+    from score_lightning.roles.prompts import solver_messages
+    from score_lightning.roles.rubric import fallback_rubric
+
+    state = HarnessState.from_dict(OmegaConf.to_container(cfg.harness.initial_state, resolve=True))
+    rubric = fallback_rubric(state)
+    return [solver_messages(q, rubric, state, int(cfg.solver.max_tool_calls)) for q in queries]
+
+
+def reward_of_text(text: str) -> float:
+    """Fixed, deterministic reward of a completion's text: keyword hits plus a capped length term."""
+    low = text.lower()
+    hits = sum(low.count(k) for k in KEYWORDS)
+    words = len(low.split())
+    return float(hits) + 0.02 * min(words, 50) + 0.001 * (len(set(low)) % 17)
+
+
+def ids_digest(rows: list[list[int]]) -> str:
+    return hashlib.sha256(json.dumps([list(map(int, r)) for r in rows]).encode()).hexdigest()[:16]
+
+
+def unique_rows(rows) -> list[list[int]]:
+    """Distinct rows in order of first appearance (the K copies of a prompt collapse to one)."""
+    seen, out = set(), []
+    for r in rows:
+        key = tuple(int(x) for x in r)
+        if key not in seen:
+            seen.add(key)
+            out.append(list(key))
+    return out
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def median(xs: list[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+class Proto:
+    """JSON lines between the parent (stdin/stdout pipes) and a worker.
+
+    The worker keeps a private duplicate of its original stdout for the protocol and points fd 1 at
+    stderr, so library prints cannot corrupt the stream.
+    """
+
+    def __init__(self) -> None:
+        self._out = os.fdopen(os.dup(1), "w", buffering=1)
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+        self._in = sys.stdin
+
+    def send(self, kind: str, **payload: Any) -> None:
+        self._out.write(json.dumps({"kind": kind, **payload}) + "\n")
+        self._out.flush()
+
+    def recv(self) -> str:
+        line = self._in.readline()
+        if not line:
+            raise SystemExit("parent closed the pipe")
+        return line.strip()
+
+
+class Worker:
+    """Parent side of one worker subprocess."""
+
+    def __init__(self, argv: list[str], name: str, env: dict | None = None):
+        import subprocess
+
+        self.name = name
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+                                     env=env, cwd=str(ROOT))
+
+    def read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            rc = self.proc.wait()
+            raise RuntimeError(f"worker {self.name} exited (rc={rc}) without a reply; see its stderr above")
+        return json.loads(line)
+
+    def expect(self, kind: str) -> dict:
+        msg = self.read()
+        if msg.get("kind") != kind:
+            raise RuntimeError(f"worker {self.name}: expected {kind!r}, got {msg}")
+        return msg
+
+    def step(self) -> dict:
+        self.proc.stdin.write("step\n")
+        self.proc.stdin.flush()
+        return self.expect("step")
+
+    def finish(self) -> dict:
+        msg = self.expect("done")
+        self.proc.stdin.close()
+        self.proc.wait(timeout=120)
+        return msg
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()

@@ -1,0 +1,245 @@
+"""The supervised cold start: demonstrations parse with the project's own parsers, observations are
+exactly the agent loop's (and masked), SFT lowers the loss, and its output is cached by its inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf, open_dict
+
+from score_lightning import protocol as P
+from score_lightning.harness.state import HarnessState
+from score_lightning.roles.answer import parse_answer
+from score_lightning.roles.evaluation import parse_evaluation
+from score_lightning.roles.rubric import Rubric, check_rubric, parse_rubric
+from score_lightning.rollout.agent import _wrap_observation, format_observation
+from score_lightning.sft.demos import (
+    RUBRIC, SCORING, SOLVER, DemoBudgets, build_demos, chat_ids, random_state, weight_plans,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: the RL budgets the demos are checked against (the tiny_score values proposed with the SFT stage)
+BUDGETS = DemoBudgets(max_prompt_tokens=1024, solver_max_response_tokens=384, solver_max_tool_calls=3,
+                      max_observation_tokens=64, topk=2, max_rubric_tokens=192, evaluator_max_response_tokens=768,
+                      evaluator_max_tool_calls=2, max_report_tokens=96, num_rollouts=4)
+BASE = HarnessState.from_dict({"dimension_constraints": {"k": 3, "must_include": ["factual_support"],
+                                                         "weight_min": 0.1, "weight_max": 0.6}})
+
+
+@pytest.fixture(scope="module")
+def queries():
+    from score_lightning.data.queries import load_queries
+
+    return [q.prompt for q in load_queries(None)]
+
+
+@pytest.fixture(scope="module")
+def demos(tokenizer, bm25, queries):
+    demos, stats = build_demos(tokenizer, bm25, queries, BUDGETS, 40, 60, 16, seed=0, base_state=BASE)
+    assert stats.built == {SOLVER: 40, RUBRIC: 60, SCORING: 16}
+    return demos
+
+
+def _kind(demos, kind):
+    return [d for d in demos if d.kind == kind]
+
+
+def _model_text(tok, d):
+    return tok.decode([t for t, m in zip(d.response_ids, d.response_mask) if m])
+
+
+def _masked_spans(d) -> list[list[int]]:
+    spans, cur = [], []
+    for t, m in zip(d.response_ids, d.response_mask):
+        if m == 0:
+            cur.append(t)
+        elif cur:
+            spans.append(cur)
+            cur = []
+    if cur:
+        spans.append(cur)
+    return spans
+
+
+# ---------------------------------------------------------------------------- demonstrations
+def test_solver_demos_are_valid_answers_citing_retrieved_docs(demos, tokenizer):
+    tok = tokenizer
+    searches = set()
+    for d in _kind(demos, SOLVER):
+        assert d.response_ids[-1] == tok.eos_token_id and d.response_mask[-1] == 1
+        text = _model_text(tok, d)
+        assert text.rstrip().endswith(P.ANSWER_CLOSE + P.IM_END)
+        a = parse_answer(text, False, require_citation=True)
+        assert a.valid, (a.reason, text)
+        assert a.cited_ids and set(a.cited_ids) <= set(d.meta["retrieved_ids"]), (a.cited_ids, d.meta["retrieved_ids"])
+        assert "Conclusion:" in a.answer
+        assert 1 <= d.meta["tool_calls"] <= BUDGETS.solver_max_tool_calls
+        assert len(d.response_ids) <= BUDGETS.solver_max_response_tokens
+        assert len(d.prompt_ids) <= BUDGETS.max_prompt_tokens
+        assert text.count(P.SEARCH_OPEN) == d.meta["tool_calls"]
+        searches.add(d.meta["tool_calls"])
+    assert searches == {1, 2, 3}, "demos vary the number of searches"
+
+
+def test_observation_tokens_are_masked_and_equal_the_agent_loops(demos, tokenizer, bm25):
+    tok = tokenizer
+    for d in _kind(demos, SOLVER) + _kind(demos, SCORING):
+        max_calls = BUDGETS.solver_max_tool_calls if d.kind == SOLVER else BUDGETS.evaluator_max_tool_calls
+        expected = []
+        for i, q in enumerate(d.meta["search_queries"], 1):
+            ids, _ = format_observation(bm25.search([q], BUDGETS.topk)[0], BUDGETS.max_observation_tokens, tok)
+            if i >= max_calls:
+                ids = ids + _wrap_observation(P.TOOL_BUDGET_OBSERVATION, 64, tok)
+            expected.append(ids)
+        assert _masked_spans(d) == expected
+        # the mask is 0 exactly on observation tokens: every masked span decodes to <observation> blocks
+        for span in _masked_spans(d):
+            assert tok.decode(span).startswith("\n" + P.OBS_OPEN) and tok.decode(span).endswith(P.OBS_CLOSE + "\n")
+
+
+def test_rubric_demos_satisfy_their_constraints(demos, tokenizer):
+    ks, first_weights, dims_seen = set(), set(), set()
+    for d in _kind(demos, RUBRIC):
+        state = HarnessState.from_dict(d.meta["state"])
+        text = tokenizer.decode(d.response_ids)
+        assert text.endswith(P.DIMENSIONS_CLOSE) and all(m == 1 for m in d.response_mask)
+        parsed = parse_rubric(text, state)
+        assert parsed.valid, (parsed.error, text)
+        assert list(parsed.rubric.dims) == d.meta["rubric"][0]
+        assert len(d.response_ids) <= BUDGETS.max_rubric_tokens
+        assert len(d.prompt_ids) <= BUDGETS.max_prompt_tokens
+        ks.add(state.dimension_constraints.k)
+        first_weights.add(parsed.rubric.weights[0])
+        dims_seen.update(parsed.rubric.dims)
+    assert len(ks) >= 3 and len(first_weights) >= 3 and len(dims_seen) >= 10, "demos vary k, weights and dimensions"
+
+
+def test_scoring_demos_parse_with_the_right_k_and_scores_follow_quality(demos, tokenizer):
+    good, bad = [], []
+    for d in _kind(demos, SCORING):
+        state = HarnessState.from_dict(d.meta["state"])
+        rubric = Rubric(*d.meta["rubric"])
+        K = d.meta["num_reports"]
+        pc = state.process_constraints
+        text = _model_text(tokenizer, d)
+        ev = parse_evaluation(text, rubric, K, require_verification=pc.require_verification,
+                              require_gap_analysis=pc.require_gap_analysis)
+        assert ev.valid, (ev.error, text)
+        assert parse_evaluation(text, rubric, K + 1).valid is False  # exactly K reports
+        assert d.meta["tool_calls"] >= max(1, pc.min_number_of_tool_call)  # the verifier needs depth >= 1
+        assert len(d.response_ids) <= BUDGETS.evaluator_max_response_tokens
+        for rid, kind in enumerate(d.meta["kinds"], 1):
+            mean = sum(ev.reports[rid].scores.values()) / len(rubric.dims)
+            (good if kind == "good" else bad if kind in ("off_topic", "empty") else []).append(mean)
+    assert good and bad and min(good) > max(bad)
+
+
+def test_demos_are_deterministic_and_prompts_are_the_rl_prompts(tokenizer, bm25, queries):
+    a, _ = build_demos(tokenizer, bm25, queries, BUDGETS, 3, 3, 1, seed=7, base_state=BASE)
+    b, _ = build_demos(tokenizer, bm25, queries, BUDGETS, 3, 3, 1, seed=7, base_state=BASE)
+    c, _ = build_demos(tokenizer, bm25, queries, BUDGETS, 3, 3, 1, seed=8, base_state=BASE)
+    assert [(d.prompt_ids, d.response_ids, d.response_mask) for d in a] == [
+        (d.prompt_ids, d.response_ids, d.response_mask) for d in b]
+    assert [d.response_ids for d in a] != [d.response_ids for d in c]
+    msgs = [{"role": "user", "content": "hi"}]
+    enc = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    assert chat_ids(tokenizer, msgs) == list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+
+
+def test_random_states_and_weight_plans_are_always_feasible():
+    import random
+
+    from score_lightning.sft.demos import random_rubric
+
+    rng = random.Random(0)
+    for _ in range(300):
+        st = random_state(rng, BASE, 2)
+        dc = st.dimension_constraints
+        assert weight_plans(dc.k, dc.weight_min, dc.weight_max)
+        assert check_rubric(random_rubric(rng, st, explore=list(st.dimension_pool)[:2]), st) == ""
+
+
+# ---------------------------------------------------------------------------- training and cache
+def _cfg(tmp_path: Path, corpus_file: Path, cache_dir: Path, **sft):
+    from helpers import compose
+
+    cfg = compose(["experiment=tiny_score", f"paths.output_dir={tmp_path / 'run'}", f"paths.cache_dir={cache_dir}",
+                   f"retriever.corpus_path={corpus_file}", f"retriever.index_dir={cache_dir / 'bm25'}",
+                   "solver.max_response_tokens=384", "evaluator.max_rubric_tokens=192",
+                   "evaluator.max_response_tokens=768", "trainer.enable_progress_bar=false"])
+    base = OmegaConf.load(ROOT / "configs" / "sft" / "default.yaml")
+    with open_dict(cfg):
+        cfg.sft = OmegaConf.merge(base, cfg.get("sft") or {}, {
+            "enabled": True, "num_solver_demos": 3, "num_rubric_demos": 4, "num_scoring_demos": 1,
+            "epochs": 1, "batch_size": 4, "lr": 3e-3, "warmup_steps": 0, "cache_dir": str(tmp_path / "sft-cache"),
+            "probe": {"num_rubrics": 0, "num_solver": 0, "num_scoring": 0}, **sft})
+    return cfg
+
+
+def test_sft_training_lowers_the_loss_on_a_fixed_batch(tmp_path, tiny_ckpt, tokenizer, bm25, corpus_file, cache_dir):
+    from score_lightning.models import load_policy
+    from score_lightning.sft.module import collate_demos, masked_lm_loss
+    from score_lightning.sft.run import build_sft_demos, train_sft
+
+    cfg = _cfg(tmp_path, corpus_file, cache_dir, num_solver_demos=2, num_rubric_demos=4, num_scoring_demos=0)
+    demos, info = build_sft_demos(cfg, tokenizer, bm25)
+    assert len(demos) == 6
+    batch = collate_demos(demos, tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    model = load_policy(tiny_ckpt)
+    with torch.no_grad():
+        before, _, n = masked_lm_loss(model, batch)
+    assert n == sum(sum(d.response_mask) for d in demos)  # observation tokens are not trained
+    with open_dict(cfg):
+        cfg.sft.epochs = 4
+        cfg.sft.batch_size = 6
+    metrics = train_sft(model, demos, tokenizer.pad_token_id, cfg.sft,
+                        {"accelerator": "cpu", "devices": 1, "enable_progress_bar": False}, logger=False)
+    with torch.no_grad():
+        after, _, _ = masked_lm_loss(model, batch)
+    assert metrics["sft/steps"] == 4
+    assert float(after) < float(before) - 0.5, (float(before), float(after))
+
+
+def test_run_sft_caches_by_inputs_and_keeps_the_rng(tmp_path, tiny_ckpt, corpus_file, cache_dir, monkeypatch):
+    import score_lightning.sft.run as R
+    from helpers import read_scalars
+    from score_lightning.models import load_tokenizer
+    from score_lightning.sft import run_sft
+
+    cfg = _cfg(tmp_path, corpus_file, cache_dir)
+    torch.manual_seed(5)
+    out = run_sft(cfg, str(tiny_ckpt))
+    after_sft = torch.rand(3)
+    torch.manual_seed(5)
+    assert torch.equal(after_sft, torch.rand(3)), "SFT must not move the RL run's RNG"
+    assert (out / "config.json").is_file() and (out / R.META_FILE).is_file()
+    assert out.parent == tmp_path / "sft-cache" and not list(out.parent.glob(".tmp-sft-*"))
+    load_tokenizer(out)  # RL loads its tokenizer from here
+    meta = json.loads((out / R.META_FILE).read_text())
+    assert meta["inputs"]["demo_version"] == R.DEMO_VERSION and meta["metrics"]["sft/steps"] >= 1
+    scalars = read_scalars(tmp_path / "run" / "tensorboard" / "sft")
+    assert "sft/loss" in scalars and "sft/token_acc" in scalars
+
+    # unchanged inputs: the cache is reused and nothing is trained
+    def boom(*a, **k):
+        raise AssertionError("train_sft must not run on a cache hit")
+
+    monkeypatch.setattr(R, "train_sft", boom)
+    assert run_sft(cfg, str(tiny_ckpt)) == out
+    with open_dict(cfg):
+        cfg.sft.probe.num_rubrics = 3  # not a weight-changing knob
+        cfg.sft.log_every_n_steps = 1
+    assert run_sft(cfg, str(tiny_ckpt)) == out
+    # any input that changes the weights changes the key
+    with open_dict(cfg):
+        cfg.sft.lr = 1e-3
+    assert R.sft_output_path(cfg, str(tiny_ckpt))[0] != out
+    with open_dict(cfg):
+        cfg.sft.lr = 3e-3
+        cfg.solver.max_observation_tokens = 48
+    assert R.sft_output_path(cfg, str(tiny_ckpt))[0] != out
