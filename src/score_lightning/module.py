@@ -570,6 +570,8 @@ class ScoreModule(LightningModule):
             "throughput/tokens_per_s": gen_tokens / max(t_roll + t_score, 1e-9),
             "solver/lr": float(self._schedulers()[0].get_last_lr()[0]) if self._schedulers() else float(self.cfg.optim.lr),
         }
+        if torch.cuda.is_available():
+            m["memory/peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
         lp_diff = self._logprob_mismatch(solver)
         if lp_diff is not None:
             m["rollout/logprob_diff"] = lp_diff
