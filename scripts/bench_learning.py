@@ -1,0 +1,117 @@
+"""Does the embedded default learn? ``tiny_score`` with 2 seeds against a frozen-solver control.
+
+    python scripts/bench_learning.py [--seeds 0 1] [--steps N] [--out logs/bench_learning] [--no-append]
+
+Each seed runs ``experiment=tiny_score`` (cold-start SFT, cached after the first run, then SCORE)
+and the same with ``solver.freeze=true``. From each run's TensorBoard events it reports the solver
+reward over the first and last 20% of steps, rubric validity / answer validity / verified rate at
+the first RL step, and entropy at the start and end; then appends a dated table to
+``docs/BENCHMARKS.md`` with the exact command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from statistics import mean
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def read_scalars(run: Path) -> dict[str, list[float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[str, dict[int, float]] = {}
+    for events in sorted((run / "tensorboard").glob("events.out.tfevents.*")):  # RL events only (SFT is in sft/)
+        ea = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        ea.Reload()
+        for tag in ea.Tags()["scalars"]:
+            out.setdefault(tag, {}).update({e.step: e.value for e in ea.Scalars(tag)})
+    return {tag: [v for _, v in sorted(steps.items())] for tag, steps in out.items()}
+
+
+def summarize(scalars: dict[str, list[float]]) -> dict[str, float]:
+    reward = scalars["solver/reward_mean"]
+    n = max(1, round(0.2 * len(reward)))
+    ent = scalars.get("solver/entropy", [float("nan")])
+    return {
+        "steps": len(reward),
+        "reward_first20": mean(reward[:n]),
+        "reward_last20": mean(reward[-n:]),
+        "reward_gain": mean(reward[-n:]) - mean(reward[:n]),
+        "rubric_valid_first": scalars["evaluator/rubric_valid_rate"][0],
+        "answer_valid_first": scalars["solver/answer_valid_rate"][0],
+        "verified_first": scalars["evaluator/verified_rate"][0],
+        "entropy_start": ent[0],
+        "entropy_end": ent[-1],
+    }
+
+
+def run_one(seed: int, freeze: bool, steps: int | None, out: Path, extra: list[str]) -> tuple[Path, float]:
+    run_dir = out / f"seed{seed}{'-frozen' if freeze else ''}"
+    cmd = [sys.executable, "src/train.py", "experiment=tiny_score", f"seed={seed}", f"paths.output_dir={run_dir}",
+           "trainer.enable_progress_bar=false", *extra]
+    if freeze:
+        cmd.append("solver.freeze=true")
+    if steps:
+        cmd.append(f"trainer.max_steps={steps}")
+    print("$", shlex.join(cmd), flush=True)
+    t0 = time.time()
+    subprocess.run(cmd, cwd=ROOT, check=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+    return run_dir, time.time() - t0
+
+
+def table(rows: list[tuple[str, dict[str, float], float]]) -> str:
+    head = ("| run | steps | reward first 20% | reward last 20% | gain | rubric valid @1 | answer valid @1 "
+            "| verified @1 | entropy start → end | wall s |\n" + "|---" * 10 + "|\n")
+    body = "".join(
+        f"| {name} | {s['steps']} | {s['reward_first20']:.3f} | {s['reward_last20']:.3f} | {s['reward_gain']:+.3f} | "
+        f"{s['rubric_valid_first']:.2f} | {s['answer_valid_first']:.2f} | {s['verified_first']:.2f} | "
+        f"{s['entropy_start']:.2f} → {s['entropy_end']:.2f} | {wall:.0f} |\n"
+        for name, s, wall in rows
+    )
+    return head + body
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--steps", type=int, default=None, help="override trainer.max_steps (default: the experiment's)")
+    ap.add_argument("--out", type=Path, default=ROOT / "logs" / "bench_learning")
+    ap.add_argument("--no-append", action="store_true", help="print only; do not append to docs/BENCHMARKS.md")
+    ap.add_argument("extra", nargs="*", help="extra Hydra overrides for every run")
+    args = ap.parse_args()
+    rows, verdicts = [], []
+    for seed in args.seeds:
+        learn_dir, t_learn = run_one(seed, False, args.steps, args.out, args.extra)
+        frozen_dir, t_frozen = run_one(seed, True, args.steps, args.out, args.extra)
+        s_learn, s_frozen = summarize(read_scalars(learn_dir)), summarize(read_scalars(frozen_dir))
+        rows += [(f"seed {seed}", s_learn, t_learn), (f"seed {seed}, solver frozen", s_frozen, t_frozen)]
+        ok = s_learn["reward_gain"] > 0 and s_learn["reward_gain"] > s_frozen["reward_gain"]
+        verdicts.append(f"seed {seed}: gain {s_learn['reward_gain']:+.3f} vs frozen {s_frozen['reward_gain']:+.3f} "
+                        f"-> {'learns' if ok else 'NO LEARNING SIGNAL'}")
+    text = table(rows)
+    print(text)
+    print("\n".join(verdicts))
+    if not args.no_append:
+        cmd = "python scripts/bench_learning.py " + " ".join(sys.argv[1:])
+        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                   platform.processor())
+        section = (f"\n## Learning curve of `experiment=tiny_score` ({dt.date.today().isoformat()})\n\n"
+                   f"Command: `{cmd.strip()}`  \nMachine: {os.cpu_count()} CPU cores ({cpu}), "
+                   f"Python {platform.python_version()}.\n\n{text}\n" + "".join(f"- {v}\n" for v in verdicts))
+        bench = ROOT / "docs" / "BENCHMARKS.md"
+        with open(bench, "a", encoding="utf-8") as fh:
+            fh.write(section)
+        print(f"appended to {bench}")
+
+
+if __name__ == "__main__":
+    main()
