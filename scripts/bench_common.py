@@ -108,6 +108,37 @@ def rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
+def machine_line() -> str:
+    """CPU count and model, RAM, and the versions that matter, for the benchmark record."""
+    import platform
+
+    import torch
+    import transformers
+
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        import psutil
+
+        ram = f"{psutil.virtual_memory().total / 2**30:.1f} GiB RAM"
+    except ImportError:  # pragma: no cover
+        ram = "RAM unknown"
+    try:
+        import trl
+
+        trl_v = trl.__version__
+    except ImportError:
+        trl_v = "not installed"
+    return (f"machine: {os.cpu_count()} CPUs ({model}), {ram}; python {platform.python_version()}, "
+            f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl_v}")
+
+
 def median(xs: list[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 
@@ -135,22 +166,34 @@ class Proto:
             raise SystemExit("parent closed the pipe")
         return line.strip()
 
+    def wait_go(self) -> str:
+        """Block until the parent's next command: ``step`` (run one) or ``finish`` (after the last step)."""
+        cmd = self.recv()
+        if cmd not in ("step", "finish"):
+            raise SystemExit(f"unknown command {cmd!r}")
+        return cmd
+
 
 class Worker:
     """Parent side of one worker subprocess."""
 
     def __init__(self, argv: list[str], name: str, env: dict | None = None):
         import subprocess
+        import tempfile
 
         self.name = name
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
-                                     env=env, cwd=str(ROOT))
+        # the worker's stderr (library chatter, tracebacks) goes to a file, shown if the worker fails
+        self.log = tempfile.NamedTemporaryFile(prefix=f"bench_{name}_", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     bufsize=1, env=env, cwd=str(ROOT))
 
     def read(self) -> dict:
         line = self.proc.stdout.readline()
         if not line:
             rc = self.proc.wait()
-            raise RuntimeError(f"worker {self.name} exited (rc={rc}) without a reply; see its stderr above")
+            tail = Path(self.log.name).read_text(errors="replace").splitlines()[-40:]
+            sys.stderr.write("\n".join(tail) + "\n")
+            raise RuntimeError(f"worker {self.name} exited (rc={rc}) without a reply; its log: {self.log.name}")
         return json.loads(line)
 
     def expect(self, kind: str) -> dict:
@@ -159,12 +202,17 @@ class Worker:
             raise RuntimeError(f"worker {self.name}: expected {kind!r}, got {msg}")
         return msg
 
-    def step(self) -> dict:
-        self.proc.stdin.write("step\n")
+    def _send(self, cmd: str) -> None:
+        self.proc.stdin.write(cmd + "\n")
         self.proc.stdin.flush()
+
+    def step(self) -> dict:
+        self._send("step")
         return self.expect("step")
 
     def finish(self) -> dict:
+        """After the last step: let the worker's loop end (teardown runs only now, overlapping nothing)."""
+        self._send("finish")
         msg = self.expect("done")
         self.proc.stdin.close()
         self.proc.wait(timeout=120)
@@ -174,3 +222,4 @@ class Worker:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self.log.close()

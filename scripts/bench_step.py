@@ -17,18 +17,19 @@ reward of the completion text (:func:`bench_common.reward_of_text`).
 ``ScoreModule.solver_update`` (group advantages, reference log-probs, the GRPO loss, clipping, AdamW).
 (B) is ``GRPOTrainer.train()`` with ``use_vllm=False``, ``num_iterations=1`` and ``beta=0.05``.
 
-Each side runs in its own long-lived subprocess (so peak RSS is per side) and blocks at the start of
-every step until the parent says go; the parent alternates A B A B. A step's time runs from "go"
-(inside the step-begin hook: Lightning's ``on_train_batch_start``, HF's ``on_step_begin``) to the
-step-end hook (after the optimiser step), so both include generation, reward, reference forward,
-policy forward/backward and the optimiser. The last line printed is ``ratio_vs_trl=X`` (median of
-per-repetition ratios ours/TRL; lower is better).
+Each side runs in its own long-lived subprocess (so peak RSS is per side, and torch uses
+``--threads`` threads in each). A worker reports each finished step and then blocks, inside the
+step-end hook, until the parent's next command, so only one side computes at a time; the parent
+alternates A B B A A B ... A step's time runs from the step-begin hook (Lightning's
+``on_train_batch_start``, HF's ``on_step_begin``) to the step-end hook (Lightning's
+``on_train_batch_end``, HF's ``on_step_end``, after the optimiser step): generation, reward,
+reference forward, policy forward/backward, clipping and the optimiser, on both sides. The last line
+printed is ``ratio_vs_trl=X``: the median over repetitions of ours/TRL (lower is better).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -106,12 +107,11 @@ def worker_ours(a) -> None:
         def on_train_start(self) -> None:
             super().on_train_start()
             prompt_ids = [self._chat_ids(m) for m in expected_msgs]
-            proto.send("ready", rss_mb=bc.rss_mb(), peak_rss_mb=bc.peak_rss_mb(), prompt_digest=bc.ids_digest(prompt_ids),
-                       prompt_lens=[len(p) for p in prompt_ids])
+            proto.send("ready", rss_mb=bc.rss_mb(), peak_rss_mb=bc.peak_rss_mb(),
+                       prompt_digest=bc.ids_digest(prompt_ids), prompt_lens=[len(p) for p in prompt_ids])
+            proto.wait_go()
 
         def on_train_batch_start(self, batch, batch_idx) -> None:
-            cmd = proto.recv()
-            assert cmd == "step", cmd
             self._profiling = a.profile and batch_idx >= a.warmup
             if self._profiling:
                 import cProfile
@@ -151,7 +151,10 @@ def worker_ours(a) -> None:
                 self._tprof.__exit__(None, None, None)
                 extra["profile"] = _profile_text(self._cprof, self._tprof, a.profile_top)
             proto.send("step", time_s=dt, peak_rss_mb=bc.peak_rss_mb(), rss_mb=bc.rss_mb(), **self._stats, **extra)
+            proto.wait_go()  # idle until the parent's next command: no loop work overlaps the other side's step
 
+    if a.legacy_logprobs:
+        _use_legacy_logprobs()
     module = BenchModule(cfg, path)
     module.retriever = NoRetriever()
     batches = [{"prompt": list(queries)} for _ in range(n_steps)]
@@ -164,6 +167,28 @@ def worker_ours(a) -> None:
     )
     trainer.fit(module, train_dataloaders=loader)
     proto.send("done", peak_rss_mb=bc.peak_rss_mb(), score_step=module.score_step)
+
+
+def _use_legacy_logprobs() -> None:
+    """Swap in the pre-2026-11-30 ``policy_logprobs`` (logits for every position, row slices), for before/after."""
+    import torch
+
+    import score_lightning.module as mod
+    from score_lightning.losses import entropy_from_logits, token_logprobs
+
+    def legacy(model, batch, temperature=1.0, with_entropy=False, entropy_grad=False):
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+        logits = out.logits[:, :-1, :].float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        logp = token_logprobs(logits, batch.input_ids[:, 1:])
+        ent = None
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                ent = entropy_from_logits(logits)
+        return logp, ent
+
+    mod.policy_logprobs = legacy
 
 
 def _profile_text(cprof, tprof, top: int) -> str:
@@ -228,12 +253,11 @@ def worker_trl(a) -> None:
         def on_train_begin(self, args_, st, control, **kw):
             prompt_ids = [list(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True,
                                                        return_dict=True)["input_ids"]) for m in msgs]
-            proto.send("ready", rss_mb=bc.rss_mb(), peak_rss_mb=bc.peak_rss_mb(), prompt_digest=bc.ids_digest(prompt_ids),
-                       prompt_lens=[len(p) for p in prompt_ids])
+            proto.send("ready", rss_mb=bc.rss_mb(), peak_rss_mb=bc.peak_rss_mb(),
+                       prompt_digest=bc.ids_digest(prompt_ids), prompt_lens=[len(p) for p in prompt_ids])
+            proto.wait_go()
 
         def on_step_begin(self, args_, st, control, **kw):
-            cmd = proto.recv()
-            assert cmd == "step", cmd
             state.update(gen_s=0.0, tokens=0)
             self.t0 = time.perf_counter()
 
@@ -242,6 +266,7 @@ def worker_trl(a) -> None:
             proto.send("step", time_s=dt, peak_rss_mb=bc.peak_rss_mb(), rss_mb=bc.rss_mb(), rollout_s=state["gen_s"],
                        update_s=dt - state["gen_s"], completion_tokens=state["tokens"], rows=a.prompts * a.k,
                        prompt_digest=state.get("digest"))
+            proto.wait_go()
 
     trainer = GRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=ds, processing_class=tok,
                           callbacks=[Timer()])
@@ -268,8 +293,9 @@ def _worker_argv(side: str, a, **over) -> list[str]:
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker", side]
     for key in ("reps", "warmup", "k", "prompts", "max_completion", "lr", "beta", "threads", "profile_top"):
         argv += [f"--{key.replace('_', '-')}", str(v[key])]
-    if v.get("profile"):
-        argv.append("--profile")
+    for flag in ("profile", "legacy_logprobs"):
+        if v.get(flag):
+            argv.append(f"--{flag.replace('_', '-')}")
     return argv
 
 
@@ -283,8 +309,8 @@ def _env() -> dict:
 
 def run_pair(a) -> float:
     bc.tiny_checkpoint()  # build once here, not concurrently in two workers
-    workers = {"ours": bc.Worker(_worker_argv("ours", a), "ours", _env()),
-               "trl": bc.Worker(_worker_argv("trl", a), "trl", _env())}
+    workers = {"ours": bc.Worker(_worker_argv("ours", a, profile=False), "ours", _env()),
+               "trl": bc.Worker(_worker_argv("trl", a, profile=False), "trl", _env())}
     try:
         ready = {name: w.expect("ready") for name, w in workers.items()}
         if ready["ours"]["prompt_digest"] != ready["trl"]["prompt_digest"]:
@@ -312,7 +338,9 @@ def run_pair(a) -> float:
     ratio = bc.median(ratios)
     print()
     print(f"GRPO step, tiny Qwen2 ({a.prompts} prompts x K={a.k}, max {a.max_completion} new tokens, beta={a.beta}, "
-          f"lr={a.lr}), {a.reps} alternating repetitions after {a.warmup} warm-up, torch threads={a.threads or 'default'}")
+          f"lr={a.lr}), {a.reps} alternating repetitions after {a.warmup} warm-up, "
+          f"torch threads={a.threads or 'default'}"
+          + (" [ours: --legacy-logprobs]" if a.legacy_logprobs else ""))
     print()
     print("| side | median step (s) | min–max (s) | median rollout (s) | median update (s) | completion tokens/step "
           "| RSS after load (MiB) | peak RSS (MiB) |")
@@ -329,7 +357,6 @@ def run_pair(a) -> float:
     print("TRL's rollout column is `_generate_and_score_completions` (generation, reward, reference log-probs); "
           "ours is `ScoreModule.rollout` (generation only; the reference forward is in the update).")
     print("per-repetition ratios ours/TRL: " + ", ".join(f"{r:.3f}" for r in ratios))
-    print(f"ratio_vs_trl={ratio:.3f}")
     return ratio
 
 
@@ -361,7 +388,8 @@ def run_scaling(a) -> None:
           "| RSS after load (MiB) | peak RSS (MiB) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['k']} | {r['m']} | {a.prompts * r['k']} | {r['tokens']:.0f} | {r['step']:.3f} | {r['rollout']:.3f} "
+        print(f"| {r['k']} | {r['m']} | {a.prompts * r['k']} | {r['tokens']:.0f} | {r['step']:.3f} "
+              f"| {r['rollout']:.3f} "
               f"| {r['update']:.3f} | {100 * r['rollout'] / r['step']:.0f}% | {r['rss0']:.0f} | {r['peak']:.0f} |")
 
 
@@ -396,22 +424,26 @@ def main(argv=None) -> None:
     p.add_argument("--scaling-reps", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="torch.profiler + cProfile of this project's step")
     p.add_argument("--profile-top", type=int, default=20)
+    p.add_argument("--legacy-logprobs", action="store_true",
+                   help="our side uses the pre-optimisation policy_logprobs (every position through the LM head, "
+                        "per-row slices), to measure the speed-up in the same conditions")
     p.add_argument("--worker", choices=("ours", "trl"), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker == "ours":
         return worker_ours(a)
     if a.worker == "trl":
         return worker_trl(a)
-    import platform
-
-    print(f"machine: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, python {platform.python_version()}")
+    print(bc.machine_line(), flush=True)
     if a.profile:
         run_profile(a)
         print()
     if a.scaling:
         run_scaling(a)
         print()
-    run_pair(a)  # last, so its ratio is the last line
+    print(f"load average before the A/B run: {os.getloadavg()[0]:.2f}", flush=True)
+    ratio = run_pair(a)
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    print(f"ratio_vs_trl={ratio:.3f}")  # the last line
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from score_lightning.losses import entropy_from_logits, token_logprobs
+from score_lightning.losses import entropy_from_logits
 
 
 @dataclass
@@ -63,6 +63,20 @@ def build_token_batch(
     return TokenBatch(ids, attn, loss_mask, torch.as_tensor(lengths, dtype=torch.long))
 
 
+#: float32 elements of ``[rows, T, V]`` logits processed at once by :func:`policy_logprobs`
+#: (64 Mi floats = 256 MiB); bounds the float32 upcast of bf16 logits and the log-softmax temporaries.
+_CHUNK_ELEMENTS = 1 << 26
+
+
+def _accepts_logits_to_keep(model: nn.Module) -> bool:
+    import inspect
+
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # pragma: no cover - exotic wrappers
+        return False
+
+
 def policy_logprobs(
     model: nn.Module, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False,
     entropy_grad: bool = False,
@@ -70,14 +84,44 @@ def policy_logprobs(
     """Per-token log-probs of the targets (and entropy) under ``model``; [N, L-1] each.
 
     Entropy is detached (a logged statistic) unless ``entropy_grad`` (an entropy bonus in the loss).
+
+    Only positions from the first response target on are projected through the LM head
+    (``logits_to_keep``): prompt positions never carry loss, and with long prompts their
+    ``[N, T, V]`` logits, log-softmax and backward dominated the step. Columns before that are
+    returned as 0 (they are always masked). Rows are processed in chunks split with
+    ``Tensor.split`` (one backward node for all chunks, not one full-size zero gradient per chunk).
     """
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-    logits = out.logits[:, :-1, :].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = token_logprobs(logits, batch.input_ids[:, 1:])
-    ent = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            ent = entropy_from_logits(logits)
+    n, width = batch.input_ids.shape
+    if width < 2:
+        z = batch.input_ids.new_zeros((n, max(width - 1, 1)), dtype=torch.float32)
+        return z, (z.clone() if with_entropy else None)
+    cols = batch.loss_mask.shape[1]  # == width - 1
+    nz = torch.nonzero(batch.loss_mask.sum(dim=0) > 0)
+    start = int(nz[0]) if nz.numel() else cols - 1
+    if _accepts_logits_to_keep(model):
+        keep = torch.arange(start, cols, device=batch.input_ids.device)
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
+                    logits_to_keep=keep)
+        logits = out.logits  # [N, cols - start, V], position t scores token t + 1
+    else:
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+        logits = out.logits[:, start:cols, :]
+    labels = batch.input_ids[:, start + 1:]
+    per_row = max(1, logits[:1].numel())
+    rows = max(1, _CHUNK_ELEMENTS // per_row)
+    lps, ents = [], []
+    for lg, lab in zip(logits.split(rows, dim=0), labels.split(rows, dim=0)):
+        lg = lg.float()
+        if temperature != 1.0:
+            lg = lg / temperature
+        # log p(label) = logit[label] - logsumexp(logits), as losses.token_logprobs, without a log_softmax tensor
+        lps.append(lg.gather(-1, lab.clamp(min=0).unsqueeze(-1)).squeeze(-1) - torch.logsumexp(lg, dim=-1))
+        if with_entropy:
+            grad = entropy_grad and torch.is_grad_enabled()
+            with torch.set_grad_enabled(grad):
+                # a logged statistic: one row at a time bounds its temporaries; with a gradient, the
+                # whole chunk at once (row slices would each add a full-size zero gradient in backward)
+                ents.append(entropy_from_logits(lg, chunk_rows=lg.shape[0] if grad else 1))
+    logp = torch.nn.functional.pad(torch.cat(lps, dim=0), (start, 0))
+    ent = torch.nn.functional.pad(torch.cat(ents, dim=0), (start, 0)) if with_entropy else None
     return logp, ent

@@ -50,7 +50,7 @@ class HFEngine:
         kwargs = dict(
             input_ids=input_ids, attention_mask=attention, max_new_tokens=params.max_new_tokens,
             do_sample=sample, eos_token_id=eos, pad_token_id=self.pad_token_id, use_cache=True,
-            return_dict_in_generate=True, output_logits=params.logprobs,
+            return_dict_in_generate=True,
         )
         if sample:
             kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
@@ -58,17 +58,16 @@ class HFEngine:
             kwargs.update(stop_strings=list(params.stop_strings), tokenizer=self.tokenizer)
         was_training = model.training
         model.eval()
+        recorder = _SampledLogprobs(params.temperature if sample else 1.0) if params.logprobs else None
+        handle = model.register_forward_hook(recorder, with_kwargs=True) if recorder is not None else None
         try:
             res = model.generate(**kwargs)
         finally:
+            if handle is not None:
+                handle.remove()
             model.train(was_training)
         new = res.sequences[:, width:].cpu()
-        lp = None
-        if params.logprobs and res.logits:
-            logits = torch.stack(res.logits, dim=1).float()  # [B, T, V], raw (pre-processor) logits
-            if sample and params.temperature != 1.0:
-                logits = logits / params.temperature
-            lp = torch.log_softmax(logits, dim=-1).gather(-1, new.to(logits.device).unsqueeze(-1)).squeeze(-1).cpu()
+        lp = recorder.finish(res.sequences[:, width:]) if recorder is not None and new.shape[1] else None
         gens = []
         stops = set(eos)
         for i in range(new.shape[0]):
@@ -88,3 +87,38 @@ class HFEngine:
             ids = row[:n]
             gens.append(Generation(ids, lp[i, :n].tolist() if lp is not None else None, finish))
         return gens
+
+
+class _SampledLogprobs:
+    """Forward hook recording each sampled token's log-prob under ``softmax(raw logits / T)``.
+
+    ``generate(output_logits=True)`` would keep every step's ``[B, V]`` logits until the end, i.e.
+    ``B x T x V`` floats (gigabytes for a real vocabulary and long responses). This hook sees the
+    model's raw (pre-processor) logits at each decoding step, keeps that step's log-softmax only
+    until the next step's input reveals the sampled token, and so holds one ``[B, V]`` block.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.prev: torch.Tensor | None = None
+        self.cols: list[torch.Tensor] = []
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        self.cols.append(self.prev.gather(-1, tokens.to(self.prev.device).view(-1, 1)).squeeze(-1))
+        self.prev = None
+
+    def __call__(self, module, args, kwargs, output) -> None:
+        if self.prev is not None:  # this call's last input id is the token sampled from the previous step
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            self._take(ids[:, -1])
+        logits = output.logits[:, -1, :].float()
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        self.prev = torch.log_softmax(logits, dim=-1)  # a new tensor: later in-place processors cannot touch it
+
+    def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        if self.prev is not None:
+            self._take(new_tokens[:, len(self.cols)])
+        if len(self.cols) != new_tokens.shape[1]:
+            raise RuntimeError(f"recorded {len(self.cols)} decoding steps for {new_tokens.shape[1]} new tokens")
+        return torch.stack(self.cols, dim=1).cpu()
