@@ -37,10 +37,22 @@ def queries():
     return [q.prompt for q in load_queries(None)]
 
 
+PER_PROMPT = {SOLVER: 4, RUBRIC: 6, SCORING: 2}
+
+
 @pytest.fixture(scope="module")
 def demos(tokenizer, bm25, queries):
-    demos, stats = build_demos(tokenizer, bm25, queries, BUDGETS, 40, 60, 16, seed=0, base_state=BASE)
-    assert stats.built == {SOLVER: 40, RUBRIC: 60, SCORING: 16}
+    demos, stats = build_demos(tokenizer, bm25, queries, BUDGETS, 40, 96, 16, seed=0, base_state=BASE,
+                               per_prompt=PER_PROMPT)
+    assert stats.built == {SOLVER: 40, RUBRIC: 96, SCORING: 16}
+    # responses of one group share their prompt and differ from each other
+    groups: dict[int, list] = {}
+    for d in demos:
+        groups.setdefault(d.group, []).append(d)
+    for g in groups.values():
+        assert len({tuple(d.prompt_ids) for d in g}) == 1 and len(g) == PER_PROMPT[g[0].kind]
+        if g[0].kind != SCORING:
+            assert len({tuple(d.response_ids) for d in g}) > 1
     return demos
 
 
@@ -115,7 +127,7 @@ def test_rubric_demos_satisfy_their_constraints(demos, tokenizer):
         ks.add(state.dimension_constraints.k)
         first_weights.add(parsed.rubric.weights[0])
         dims_seen.update(parsed.rubric.dims)
-    assert len(ks) >= 3 and len(first_weights) >= 3 and len(dims_seen) >= 10, "demos vary k, weights and dimensions"
+    assert len(ks) >= 2 and len(first_weights) >= 3 and len(dims_seen) >= 10, "demos vary k, weights and dimensions"
 
 
 def test_scoring_demos_parse_with_the_right_k_and_scores_follow_quality(demos, tokenizer):
@@ -175,9 +187,31 @@ def _cfg(tmp_path: Path, corpus_file: Path, cache_dir: Path, **sft):
     with open_dict(cfg):
         cfg.sft = OmegaConf.merge(base, cfg.get("sft") or {}, {
             "enabled": True, "num_solver_demos": 3, "num_rubric_demos": 4, "num_scoring_demos": 1,
-            "epochs": 1, "batch_size": 4, "lr": 3e-3, "warmup_steps": 0, "cache_dir": str(tmp_path / "sft-cache"),
+            "responses_per_prompt": {"solver": 2, "rubric": 4, "scoring": 1}, "log_every_n_steps": 1,
+            "epochs": 1, "batch_size": 2, "lr": 3e-3, "warmup_steps": 0, "cache_dir": str(tmp_path / "sft-cache"),
             "probe": {"num_rubrics": 0, "num_solver": 0, "num_scoring": 0}, **sft})
     return cfg
+
+
+def test_shared_prompt_loss_and_gradients_equal_separate_rows(demos, tiny_ckpt, tokenizer):
+    from score_lightning.models import load_policy
+    from score_lightning.sft.module import SFTModule, group_demos
+
+    model = load_policy(tiny_ckpt)
+    groups = [g for g in group_demos(demos) if len(g.responses) > 1]
+    picked = [next(g for g in groups if g.kind == kind) for kind in (SOLVER, RUBRIC, SCORING)]
+    results = []
+    for shared in (True, False):
+        module = SFTModule(model, tokenizer.pad_token_id, shared_prompt=shared, prompt_loss_weight=0.5)
+        model.zero_grad()
+        loss, stats, n = module.step_loss(picked)
+        loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        results.append((float(loss), stats["sft/token_acc"], n, grads))
+    (l1, a1, n1, g1), (l2, a2, n2, g2) = results
+    assert n1 == n2 == sum(g.num_trained for g in picked)
+    assert l1 == pytest.approx(l2, rel=1e-5) and a1 == pytest.approx(a2)
+    assert torch.allclose(g1, g2, rtol=1e-4, atol=1e-6)
 
 
 def test_sft_training_lowers_the_loss_on_a_fixed_batch(tmp_path, tiny_ckpt, tokenizer, bm25, corpus_file, cache_dir):
@@ -187,7 +221,7 @@ def test_sft_training_lowers_the_loss_on_a_fixed_batch(tmp_path, tiny_ckpt, toke
 
     cfg = _cfg(tmp_path, corpus_file, cache_dir, num_solver_demos=2, num_rubric_demos=4, num_scoring_demos=0)
     demos, info = build_sft_demos(cfg, tokenizer, bm25)
-    assert len(demos) == 6
+    assert len(demos) == 6 and len({d.group for d in demos}) == 2
     batch = collate_demos(demos, tokenizer.pad_token_id)
     torch.manual_seed(0)
     model = load_policy(tiny_ckpt)
@@ -196,7 +230,7 @@ def test_sft_training_lowers_the_loss_on_a_fixed_batch(tmp_path, tiny_ckpt, toke
     assert n == sum(sum(d.response_mask) for d in demos)  # observation tokens are not trained
     with open_dict(cfg):
         cfg.sft.epochs = 4
-        cfg.sft.batch_size = 6
+        cfg.sft.batch_size = 2
     metrics = train_sft(model, demos, tokenizer.pad_token_id, cfg.sft,
                         {"accelerator": "cpu", "devices": 1, "enable_progress_bar": False}, logger=False)
     with torch.no_grad():

@@ -44,7 +44,7 @@ from score_lightning.rollout.engine import Generation, SamplingParams
 log = logging.getLogger(__name__)
 
 #: Bump whenever the generated demonstrations change, so cached SFT checkpoints are rebuilt.
-DEMO_VERSION = 1
+DEMO_VERSION = 2
 
 SOLVER, RUBRIC, SCORING = "solver", "rubric", "scoring"
 
@@ -60,6 +60,8 @@ class Demo:
     response_mask: list[int]
     #: what the tests need to re-check the demo with the project's parsers
     meta: dict = field(default_factory=dict)
+    #: demos with the same group share one prompt (the trainer encodes it once for all of them)
+    group: int = -1
 
     @property
     def num_tokens(self) -> int:
@@ -246,7 +248,7 @@ def search_queries(rng: random.Random, query: str, n: int, known_ids: frozenset[
     return cands[:n] if len(cands) >= n else cands
 
 
-def first_sentence(text: str, max_words: int = 18) -> str:
+def first_sentence(text: str, max_words: int = 10) -> str:
     """A readable leading sentence of a passage (skipping code-like lines), cleaned and capped."""
     for s in _SENT_SPLIT_RE.split(text):
         s = _clean(s)
@@ -258,7 +260,7 @@ def first_sentence(text: str, max_words: int = 18) -> str:
 
 
 # ---------------------------------------------------------------------------- harness states and rubrics
-_K_WEIGHTS = {2: 0.08, 3: 0.42, 4: 0.25, 5: 0.15, 6: 0.10}
+_K_WEIGHTS = {2: 0.05, 3: 0.45, 4: 0.25, 5: 0.15, 6: 0.10}
 _NOTE_TEMPLATES = (
     "rule-based harness v{v}: no rule fired; constraints unchanged.",
     "rule-based harness v{v}: reward_std 0.000 < 0.050 (saturated): k {a}->{b}, require gap analysis.",
@@ -272,9 +274,9 @@ _NOTE_TEMPLATES = (
 def random_state(rng: random.Random, base: HarnessState, max_eval_tool_calls: int) -> HarnessState:
     """A valid harness state around ``base``: k, must-include, weight bounds, process rules, notes.
 
-    A quarter of the states are ``base`` itself (what RL sees before the first refresh).
+    A third of the states are ``base`` itself (what RL sees before the first refresh).
     """
-    if rng.random() < 0.25:
+    if rng.random() < 0.35:
         return HarnessState.from_dict(base.to_dict())
     pool = list(base.dimension_pool)
     ks = [k for k in _K_WEIGHTS if k <= len(pool)]
@@ -313,62 +315,95 @@ def _split(total: float, n: int) -> list[float]:
     return [(base + (1 if i < rem else 0)) / 100 for i in range(n)]
 
 
-_DESCENDING = {
-    2: (0.6, 0.4), 3: (0.5, 0.3, 0.2), 4: (0.4, 0.3, 0.2, 0.1), 5: (0.3, 0.25, 0.2, 0.15, 0.1),
-    6: (0.3, 0.2, 0.15, 0.15, 0.1, 0.1),
-}
-
-
 def weight_plans(k: int, wmin: float, wmax: float) -> list[tuple[float, ...]]:
-    """A small fixed set of weight vectors for k dimensions that sum to 1 and respect the bounds.
+    """Weight vectors for k dimensions that sum to 1 and respect the bounds; the first is equal weights.
 
-    Few plans per k on purpose: after the first weight the rest is (nearly) determined, which a tiny
-    model can learn; the evaluator's real choice is *which* dimensions, not the decimals.
+    Equal weights (1/k to two decimals, e.g. 0.34/0.33/0.33) are what most demos use: any mix of the
+    two neighbouring values still sums to 1 within the parser's tolerance, so a sampled rubric is valid
+    as long as it has k dimensions. The others give the first (primary) dimension more weight and
+    split the rest equally, so every weight after the first follows from the first.
     """
     plans: list[tuple[float, ...]] = [tuple(_split(1.0, k))]
     if k >= 2:
-        for p in (0.3, 0.4, 0.5, 0.6):
-            if p > 1.0 / k + 1e-9:
+        for p in (0.4, 0.5, 0.6):
+            if p > 1.0 / k + 0.02:
                 plans.append((p, *_split(1.0 - p, k - 1)))
-    if k in _DESCENDING:
-        plans.append(_DESCENDING[k])
-    ok = [pl for pl in dict.fromkeys(plans) if all(wmin - 1e-9 <= w <= wmax + 1e-9 for w in pl)]
-    return ok
+    return [pl for pl in dict.fromkeys(plans) if all(wmin - 1e-9 <= w <= wmax + 1e-9 for w in pl)]
 
 
 def random_rubric(
     rng: random.Random, state: HarnessState, required: Sequence[str] = (), avoided: Sequence[str] = (),
-    explore: Sequence[str] = (),
+    explore: Sequence[str] = (), equal_weight_prob: float = 0.75,
 ) -> Rubric:
-    """A rubric satisfying ``state``: must-include first, hints followed, weights from :func:`weight_plans`."""
+    """A rubric satisfying ``state``, written in a canonical order.
+
+    Must-include dimensions first, then the chosen ones in *pool order* (so "which comes next" only
+    depends on the previous name, and a repeat never looks likely); hints are followed (required
+    included, avoided left out, explore tried); weights from :func:`weight_plans`, equal weights
+    with probability ``equal_weight_prob``.
+    """
     dc = state.dimension_constraints
     pool = list(state.dimension_pool)
-    dims = list(dict.fromkeys(dc.must_include))
+    must = list(dict.fromkeys(dc.must_include))
+    chosen: list[str] = []
     for d in required:
-        if len(dims) < dc.k and d not in dims and d in pool:
-            dims.append(d)
+        if len(must) + len(chosen) < dc.k and d not in must and d not in chosen and d in pool:
+            chosen.append(d)
     for d in explore:
-        if len(dims) < dc.k and d not in dims and d in pool and rng.random() < 0.6:
-            dims.append(d)
-    rest = [d for d in pool if d not in dims and d not in avoided]
-    if len(rest) < dc.k - len(dims):
-        rest = [d for d in pool if d not in dims]
-    rng.shuffle(rest)
-    dims.extend(rest[: dc.k - len(dims)])
+        if len(must) + len(chosen) < dc.k and d not in must and d not in chosen and d in pool and rng.random() < 0.6:
+            chosen.append(d)
+    rest = [d for d in pool if d not in must and d not in chosen and d not in avoided]
+    if len(rest) < dc.k - len(must) - len(chosen):
+        rest = [d for d in pool if d not in must and d not in chosen]
+    chosen.extend(rng.sample(rest, dc.k - len(must) - len(chosen)))
+    dims = must + sorted(chosen, key=pool.index)
     plans = weight_plans(dc.k, dc.weight_min, dc.weight_max)
     if not plans:
         return fallback_rubric(state)
-    weights = list(rng.choice(plans))
+    weights = plans[0] if (rng.random() < equal_weight_prob or len(plans) == 1) else rng.choice(plans[1:])
     return Rubric(tuple(dims), tuple(weights))
 
 
 def rubric_response(rubric: Rubric, k: int, think: bool) -> str:
-    """``<think>k = 3. 1 a 2 b 3 c</think><dimensions>...</dimensions>``: the numbered list makes k countable."""
-    head = ""
-    if think:
-        listed = " ".join(f"{i} {d}" for i, d in enumerate(rubric.dims, 1))
-        head = f"{P.THINK_OPEN}k = {k}. {listed}{P.THINK_CLOSE}"
+    """``<think>k = 3.</think><dimensions>...</dimensions>``: the think restates k right before the list."""
+    head = f"{P.THINK_OPEN}k = {k}.{P.THINK_CLOSE}" if think else ""
     return head + rubric.to_xml()
+
+
+def protocol_vocabulary_texts(n: int = 300, seed: int = 0) -> list[str]:
+    """Texts in the evaluator's XML vocabulary, for training the tiny model's BPE tokenizer.
+
+    The stdlib corpus never contains ``<dim name="factual_support" weight="0.40"/>`` or
+    ``<score dim=... value=... reason=.../>``, so a tokenizer trained on it spells dimension names
+    and attributes in 5-6 byte-ish pieces. Adding these texts to ``tokenizer_extra_texts`` makes
+    names and attributes 1-3 tokens: shorter sequences and far easier spelling for a tiny model.
+    Self-contained on purpose (independent of the demo generator), so the tokenizer stays put when
+    the demonstrations change.
+    """
+    rng = random.Random(f"vocab-{seed}")
+    pool = list(HarnessState().dimension_pool)
+    out: list[str] = []
+    for _ in range(n):
+        k = rng.randint(2, 6)
+        dims = rng.sample(pool, k)
+        weights = [rng.randint(5, 60) / 100 for _ in dims]
+        out.append(f"{P.THINK_OPEN}k = {k}.{P.THINK_CLOSE}" + Rubric(tuple(dims), tuple(weights)).to_xml())
+        scores = "".join(f'<score dim="{d}" value="{rng.randint(0, 10)}" reason="{BuilderText.reason(rng.randint(0, 10))}"/>'
+                         for d in dims)
+        out.append(f'<report id="{rng.randint(1, 8)}">{P.VERIFICATION_OPEN}No citations.{P.VERIFICATION_CLOSE}'
+                   f"{P.GAP_OPEN}None.{P.GAP_CLOSE}{P.SCORES_OPEN}{scores}{P.SCORES_CLOSE}{P.REPORT_CLOSE}")
+    return out
+
+
+class BuilderText:
+    """Fixed phrases shared by the demos and the tokenizer texts."""
+
+    @staticmethod
+    def reason(v: int) -> str:
+        """A one-word reason (the parser ignores it; short keeps K x k scores inside the budget)."""
+        if v == 0:
+            return "missing"
+        return "strong" if v >= 8 else "good" if v >= 6 else "weak" if v >= 4 else "poor"
 
 
 # ---------------------------------------------------------------------------- solver answers
@@ -488,25 +523,34 @@ class DemoBuilder:
         answer = build_answer(rng, query, ev, rubric, self.known_ids, max_claims=max_claims)
         return answer, [e.doc_id for e in ev]
 
-    def solver_demo(self, rng: random.Random, query: str) -> Demo | None:
+    def solver_group(self, rng: random.Random, query: str, n: int) -> list[Demo]:
+        """``n`` trajectories for one solver prompt (one harness state and rubric), like RL's K rollouts."""
         b = self.b
         state = random_state(rng, self.base, b.evaluator_max_tool_calls)
         rubric = fallback_rubric(state) if rng.random() < 0.4 else random_rubric(rng, state)
         prompt = chat_ids(self.tok, solver_messages(query, rubric, state, b.solver_max_tool_calls))
         if len(prompt) > b.max_prompt_tokens:
-            return None
-        max_n = max(1, b.solver_max_tool_calls)
-        n_search = rng.choices([1, 2, 3, 4], weights=[0.4, 0.38, 0.17, 0.05])[0]
-        n_search = min(n_search, max_n)
+            return []
+        out = []
+        for _ in range(n):
+            d = self._solver_response(random.Random(rng.random()), query, state, rubric, prompt)
+            if d is not None:
+                out.append(d)
+        return out
+
+    def _solver_response(self, rng: random.Random, query: str, state: HarnessState, rubric: Rubric,
+                         prompt: list[int]) -> Demo | None:
+        b = self.b
+        n_search = min(rng.choices([1, 2, 3, 4], weights=[0.4, 0.38, 0.17, 0.05])[0], max(1, b.solver_max_tool_calls))
         if b.solver_max_tool_calls == 0:
             n_search = 0
         ents = query_entities(query, self.known_ids)
         for attempt in range(6):
             n = max(0 if b.solver_max_tool_calls == 0 else 1, n_search - attempt // 2)
-            max_claims = 3 - attempt % 2 - (1 if attempt >= 4 else 0)
+            max_claims = max(1, 2 - (1 if attempt >= 3 else 0) - (0 if rng.random() < 0.6 else 1))
             sub = random.Random(rng.random())
             qs, hits = self._solver_plan(sub, query, n) if n else ([], [])
-            answer, _ = self._answer_for(sub, query, qs, hits, rubric, max(1, max_claims))
+            answer, _ = self._answer_for(sub, query, qs, hits, rubric, max_claims)
             if not answer:
                 continue
             turns = []
@@ -531,7 +575,8 @@ class DemoBuilder:
         return None
 
     # ------------------------------------------------------------------ rubric
-    def rubric_demo(self, rng: random.Random) -> Demo | None:
+    def rubric_group(self, rng: random.Random, n: int) -> list[Demo]:
+        """``n`` different valid rubrics for one rubric prompt (state, queries, scheduler hints)."""
         b = self.b
         state = random_state(rng, self.base, b.evaluator_max_tool_calls)
         n_q = rng.choices([1, 2, 3], weights=[0.25, 0.6, 0.15])[0]
@@ -552,18 +597,20 @@ class DemoBuilder:
             explore = others[3 : 3 + rng.randint(0, 2)]
         prompt = chat_ids(self.tok, rubric_messages(queries, state, required, avoided, explore))
         if len(prompt) > b.max_prompt_tokens:
-            return None
-        for think in (rng.random() < 0.9, False):
-            rubric = random_rubric(rng, state, required, avoided, explore)
-            assert not check_rubric(rubric, state), check_rubric(rubric, state)
-            text = rubric_response(rubric, state.dimension_constraints.k, think)
-            ids = _enc(self.tok, text)
-            if len(ids) <= b.max_rubric_tokens:
-                return Demo(RUBRIC, prompt, ids, [1] * len(ids), meta={
-                    "state": state.to_dict(), "rubric": [list(rubric.dims), list(rubric.weights)],
-                    "queries": queries, "hints": [required, avoided, explore],
-                })
-        return None
+            return []
+        out = []
+        for _ in range(n):
+            for think in (rng.random() < 0.9, False):
+                rubric = random_rubric(rng, state, required, avoided, explore)
+                text = rubric_response(rubric, state.dimension_constraints.k, think)
+                ids = _enc(self.tok, text)
+                if len(ids) <= b.max_rubric_tokens:
+                    out.append(Demo(RUBRIC, prompt, ids, [1] * len(ids), meta={
+                        "state": state.to_dict(), "rubric": [list(rubric.dims), list(rubric.weights)],
+                        "queries": queries, "hints": [required, avoided, explore],
+                    }))
+                    break
+        return out
 
     # ------------------------------------------------------------------ scoring
     def _report(self, rng: random.Random, query: str, rubric: Rubric, kind: str) -> tuple[str, dict]:
@@ -616,12 +663,7 @@ class DemoBuilder:
             out.append(int(min(10, max(0, v))))
         return out
 
-    @staticmethod
-    def _reason(v: int) -> str:
-        """A one-word reason (the parser ignores it; short keeps K x k scores inside the budget)."""
-        if v == 0:
-            return "missing"
-        return "strong" if v >= 8 else "good" if v >= 6 else "weak" if v >= 4 else "poor"
+    _reason = staticmethod(BuilderText.reason)
 
     def _verification(self, feat: dict, confirmed: set[str]) -> str:
         kind, cited = feat["kind"], feat["cited"]
@@ -651,7 +693,8 @@ class DemoBuilder:
             return f"Misses {missing[0]}."
         return "None."
 
-    def scoring_demo(self, rng: random.Random, query: str) -> Demo | None:
+    def scoring_group(self, rng: random.Random, query: str, n: int) -> list[Demo]:
+        """``n`` evaluations of one scoring prompt (K reports of mixed quality)."""
         b = self.b
         state = random_state(rng, self.base, b.evaluator_max_tool_calls)
         rubric = fallback_rubric(state) if rng.random() < 0.3 else random_rubric(rng, state)
@@ -664,7 +707,18 @@ class DemoBuilder:
             feats.append(feat)
         prompt = chat_ids(self.tok, scoring_messages(query, reports, rubric, state))
         if len(prompt) > b.max_prompt_tokens:
-            return None
+            return []
+        out = []
+        for _ in range(n):
+            d = self._scoring_response(random.Random(rng.random()), query, state, rubric, reports, feats, prompt)
+            if d is not None:
+                out.append(d)
+        return out
+
+    def _scoring_response(self, rng: random.Random, query: str, state: HarnessState, rubric: Rubric,
+                          reports: list[str], feats: list[dict], prompt: list[int]) -> Demo | None:
+        b = self.b
+        K = len(reports)
         pc = state.process_constraints
         # verification searches: at least the harness minimum and >= 1 (the reward verifier needs depth)
         n_min = max(1, pc.min_number_of_tool_call) if b.evaluator_max_tool_calls > 0 else 0
@@ -713,39 +767,52 @@ class DemoBuilder:
         return None
 
     # ------------------------------------------------------------------ all
-    def build(self, n_solver: int, n_rubric: int, n_scoring: int) -> list[Demo]:
-        """Deterministic given the seed; a kind's demos do not depend on the other kinds' counts."""
+    def build(self, n_solver: int, n_rubric: int, n_scoring: int,
+              per_prompt: dict[str, int] | None = None) -> list[Demo]:
+        """About ``n_*`` demos per kind, in groups of ``per_prompt[kind]`` responses sharing one prompt.
+
+        Deterministic given the seed; a kind's demos do not depend on the other kinds' counts. The
+        ``group`` field numbers the prompts (the trainer runs each prompt once for its whole group).
+        """
+        per = {SOLVER: 1, RUBRIC: 1, SCORING: 1, **(per_prompt or {})}
         demos: list[Demo] = []
-        for kind, n, make in ((SOLVER, n_solver, self.solver_demo), (RUBRIC, n_rubric, None),
-                              (SCORING, n_scoring, self.scoring_demo)):
+        group = 0
+        for kind, n in ((SOLVER, n_solver), (RUBRIC, n_rubric), (SCORING, n_scoring)):
             rng = random.Random(f"{self.seed}-{kind}-{DEMO_VERSION}")
-            tries = 0
-            got = 0
-            while got < n and tries < 3 * n + 10:
+            size = max(1, int(per[kind]))
+            n_prompts = -(-n // size) if n > 0 else 0
+            got = tries = 0
+            while got < n_prompts and tries < 3 * n_prompts + 10:
                 tries += 1
                 sub = random.Random(rng.random())
-                if kind == RUBRIC:
-                    d = self.rubric_demo(sub)
+                query = self.queries[(tries - 1) % len(self.queries)] if sub.random() < 0.5 else sub.choice(self.queries)
+                if kind == SOLVER:
+                    ds = self.solver_group(sub, query, size)
+                elif kind == RUBRIC:
+                    ds = self.rubric_group(sub, size)
                 else:
-                    d = make(sub, self.queries[(tries - 1) % len(self.queries)] if sub.random() < 0.5
-                             else sub.choice(self.queries))
-                if d is None:
-                    self.stats.dropped[kind] += 1
+                    ds = self.scoring_group(sub, query, size)
+                self.stats.dropped[kind] += size - len(ds)
+                if not ds:
                     continue
-                demos.append(d)
+                for d in ds:
+                    d.group = group
+                demos.extend(ds)
+                group += 1
                 got += 1
-            self.stats.built[kind] = got
-            if got < n:
-                log.warning("sft demos: built %d/%d %s demos (the rest did not fit the budgets)", got, n, kind)
+                self.stats.built[kind] += len(ds)
+            if got < n_prompts:
+                log.warning("sft demos: built %d/%d %s prompts (the rest did not fit the budgets)", got, n_prompts, kind)
         return demos
 
 
 def build_demos(tokenizer, retriever: Retriever, queries: Sequence[str], budgets: DemoBudgets,
                 n_solver: int, n_rubric: int, n_scoring: int, seed: int = 0,
-                base_state: HarnessState | None = None) -> tuple[list[Demo], DemoStats]:
+                base_state: HarnessState | None = None,
+                per_prompt: dict[str, int] | None = None) -> tuple[list[Demo], DemoStats]:
     """Build all demonstrations; returns them (solver, then rubric, then scoring) and the counts."""
     builder = DemoBuilder(tokenizer, retriever, queries, budgets, base_state, seed)
-    demos = builder.build(n_solver, n_rubric, n_scoring)
+    demos = builder.build(n_solver, n_rubric, n_scoring, per_prompt)
     return demos, builder.stats
 
 
@@ -767,5 +834,5 @@ def demo_summary(demos: Sequence[Demo]) -> dict[str, float]:
 
 __all__ = [
     "DEMO_VERSION", "Demo", "DemoBudgets", "DemoBuilder", "DemoStats", "build_demos", "chat_ids", "demo_summary",
-    "query_entities", "random_rubric", "random_state", "search_queries", "weight_plans",
+    "protocol_vocabulary_texts", "query_entities", "random_rubric", "random_state", "search_queries", "weight_plans",
 ]

@@ -1,9 +1,14 @@
 """The supervised cold-start ``LightningModule``: masked next-token cross-entropy on demonstrations.
 
 Only response tokens the model itself would write are trained (mask 1); prompts, observations and
-padding are not. The loss is a token mean over the batch. Logits are computed only at the trained
-positions (hidden states are gathered before the LM head), which on the tiny CPU model roughly
-halves the cost: most of each sequence is prompt.
+padding are not. The loss is a token mean over the whole optimiser step.
+
+Demonstrations come in *groups* that share one prompt (several rubrics for one rubric prompt, K
+trajectories for one solver prompt, as RL samples them). With ``shared_prompt`` (the default) the
+prompt is encoded once per group and its key/value cache is repeated for the group's responses;
+losses and gradients are exactly those of encoding every ``prompt + response`` separately (a test
+checks this), at a fraction of the cost, since prompts are most of every sequence. Logits are
+formed only at trained positions.
 """
 
 from __future__ import annotations
@@ -11,103 +16,195 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Sampler
 
 from score_lightning.batching import TokenBatch, build_token_batch
 from score_lightning.sft.demos import Demo
 
 
-class DemoDataset(Dataset):
-    def __init__(self, demos: Sequence[Demo]):
-        self.demos = list(demos)
+# ---------------------------------------------------------------------------- data
+@dataclass
+class DemoGroup:
+    """Responses sharing one prompt."""
+
+    kind: str
+    prompt_ids: list[int]
+    responses: list[list[int]]
+    masks: list[list[int]]
+
+    @property
+    def num_trained(self) -> int:
+        return sum(sum(m) for m in self.masks)
+
+
+def group_demos(demos: Sequence[Demo]) -> list[DemoGroup]:
+    """Group demos by ``Demo.group`` (demos without a group, or whose prompt differs, stand alone)."""
+    groups: dict[object, DemoGroup] = {}
+    for i, d in enumerate(demos):
+        key = (d.group, tuple(d.prompt_ids)) if d.group >= 0 else ("single", i)
+        g = groups.get(key)
+        if g is None:
+            groups[key] = DemoGroup(d.kind, list(d.prompt_ids), [list(d.response_ids)], [list(d.response_mask)])
+        else:
+            g.responses.append(list(d.response_ids))
+            g.masks.append(list(d.response_mask))
+    return list(groups.values())
+
+
+class GroupBatchSampler(Sampler[list[int]]):
+    """Shuffled batches of ``batch_size`` groups, reshuffled every epoch, seeded."""
+
+    def __init__(self, n: int, batch_size: int, seed: int = 0):
+        self.n, self.batch_size, self.seed, self.epoch = n, max(1, int(batch_size)), int(seed), 0
 
     def __len__(self) -> int:
-        return len(self.demos)
-
-    def __getitem__(self, i: int) -> Demo:
-        return self.demos[i]
-
-
-class LengthGroupedBatchSampler(Sampler[list[int]]):
-    """Shuffled batches of similar length (less padding), reshuffled every epoch, seeded.
-
-    Indices are shuffled, cut into chunks of ``batch_size * group`` sorted by length, split into
-    batches, and the batches shuffled again, as ``group_by_length`` samplers do.
-    """
-
-    def __init__(self, lengths: Sequence[int], batch_size: int, seed: int = 0, group: int = 8):
-        self.lengths = list(lengths)
-        self.batch_size = max(1, int(batch_size))
-        self.seed = int(seed)
-        self.group = max(1, int(group))
-        self.epoch = 0
-
-    def __len__(self) -> int:
-        return math.ceil(len(self.lengths) / self.batch_size)
+        return math.ceil(self.n / self.batch_size)
 
     def __iter__(self) -> Iterator[list[int]]:
         rng = random.Random(f"{self.seed}-{self.epoch}")
         self.epoch += 1
-        idx = list(range(len(self.lengths)))
+        idx = list(range(self.n))
         rng.shuffle(idx)
-        chunk = self.batch_size * self.group
-        batches = []
-        for s in range(0, len(idx), chunk):
-            part = sorted(idx[s : s + chunk], key=lambda i: self.lengths[i])
-            batches.extend(part[j : j + self.batch_size] for j in range(0, len(part), self.batch_size))
-        rng.shuffle(batches)
-        return iter(batches)
+        return iter([idx[s : s + self.batch_size] for s in range(0, self.n, self.batch_size)])
+
+
+def _collate(groups: list[DemoGroup]) -> list[DemoGroup]:
+    return list(groups)
+
+
+def make_loader(demos: Sequence[Demo], batch_size: int, seed: int = 0) -> DataLoader:
+    """Batches of ``batch_size`` prompt groups (each group: one prompt, its responses)."""
+    groups = group_demos(demos)
+    return DataLoader(groups, batch_sampler=GroupBatchSampler(len(groups), batch_size, seed),
+                      collate_fn=_collate, num_workers=0)
 
 
 def collate_demos(demos: Sequence[Demo], pad_id: int) -> TokenBatch:
+    """Plain right-padded ``prompt + response`` rows (the reference path)."""
     return build_token_batch([d.prompt_ids for d in demos], [d.response_ids for d in demos],
                              [d.response_mask for d in demos], pad_id)
 
 
-def make_loader(demos: Sequence[Demo], batch_size: int, pad_id: int, seed: int = 0) -> DataLoader:
-    sampler = LengthGroupedBatchSampler([d.num_tokens for d in demos], batch_size, seed)
-    return DataLoader(DemoDataset(demos), batch_sampler=sampler, collate_fn=lambda ds: collate_demos(ds, pad_id),
-                      num_workers=0)
-
-
-def masked_lm_loss(model: nn.Module, batch: TokenBatch) -> tuple[Tensor, Tensor, int]:
-    """Token-mean cross-entropy (and accuracy) over the positions where ``batch.loss_mask`` is 1.
-
-    Uses ``model.get_decoder()`` + ``model.get_output_embeddings()`` when the model has them, so
-    logits are only formed at trained positions; otherwise a plain forward.
-    """
-    targets_all = batch.input_ids[:, 1:]
+# ---------------------------------------------------------------------------- losses
+def token_losses(model: nn.Module, batch: TokenBatch) -> tuple[Tensor, Tensor]:
+    """Cross-entropy and correctness at every position where ``batch.loss_mask`` is 1 (reference path)."""
     sel = batch.loss_mask > 0
-    n = int(sel.sum())
-    if n == 0:
-        zero = next(model.parameters()).sum() * 0.0
-        return zero, zero.detach(), 0
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    decoder, head = _parts(model)
     if decoder is not None and head is not None:
         hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).last_hidden_state
         logits = head(hidden[:, :-1][sel]).float()
     else:
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
         logits = out.logits[:, :-1][sel].float()
-    targets = targets_all[sel]
-    loss = F.cross_entropy(logits, targets, reduction="mean")
-    acc = (logits.detach().argmax(-1) == targets).float().mean()
-    return loss, acc, n
+    targets = batch.input_ids[:, 1:][sel]
+    return F.cross_entropy(logits, targets, reduction="none"), (logits.detach().argmax(-1) == targets).float()
 
 
+def masked_lm_loss(model: nn.Module, batch: TokenBatch) -> tuple[Tensor, Tensor, int]:
+    """Token-mean cross-entropy and accuracy over the positions where ``batch.loss_mask`` is 1."""
+    n = int((batch.loss_mask > 0).sum())
+    if n == 0:
+        zero = next(model.parameters()).sum() * 0.0
+        return zero, zero.detach(), 0
+    ce, correct = token_losses(model, batch)
+    return ce.mean(), correct.mean(), n
+
+
+def _parts(model: nn.Module):
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return decoder, head
+
+
+def _new_cache(model: nn.Module):
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # older transformers
+        return DynamicCache()
+
+
+def group_token_losses(model: nn.Module, group: DemoGroup, pad_id: int, shared_prompt: bool = True,
+                       with_prompt: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Per-token cross-entropy and correctness for one group's trained tokens (+ prompt LM losses).
+
+    Shared path: encode ``prompt[:-1]`` once, repeat its KV cache R times, then run each response
+    (shifted: the last prompt token followed by the response minus its last token) at positions
+    ``P-1 ..``; the targets are the response tokens. Reference path: R separate padded rows.
+    With ``with_prompt`` the third value is the cross-entropy of predicting ``prompt[1:]`` (once per
+    group), else ``None``.
+    """
+    device = next(model.parameters()).device
+    decoder, head = _parts(model)
+    P, R = len(group.prompt_ids), len(group.responses)
+    if not shared_prompt or decoder is None or head is None or P < 2:
+        demos = [Demo(group.kind, group.prompt_ids, r, m) for r, m in zip(group.responses, group.masks)]
+        ce, ok = token_losses(model, collate_demos(demos, pad_id).to(device))
+        prompt_ce = None
+        if with_prompt and P >= 2:
+            ids = torch.tensor([group.prompt_ids], device=device)
+            out = model(input_ids=ids, use_cache=False)
+            prompt_ce = F.cross_entropy(out.logits[0, :-1].float(), ids[0, 1:], reduction="none")
+        return ce, ok, prompt_ce
+    cache = _new_cache(model)
+    prompt_hidden = decoder(input_ids=torch.tensor([group.prompt_ids[:-1]], device=device), past_key_values=cache,
+                            use_cache=True).last_hidden_state
+    prompt_ce = None
+    if with_prompt:
+        targets = torch.tensor(group.prompt_ids[1:], device=device)
+        prompt_ce = F.cross_entropy(head(prompt_hidden[0]).float(), targets, reduction="none")
+    if R > 1:
+        cache.batch_repeat_interleave(R)
+    T = max(len(r) for r in group.responses)
+    inp = torch.full((R, T), pad_id, dtype=torch.long)
+    tgt = torch.full((R, T), pad_id, dtype=torch.long)
+    attn = torch.zeros((R, P - 1 + T), dtype=torch.long)
+    attn[:, : P - 1] = 1
+    sel = torch.zeros((R, T), dtype=torch.bool)
+    for i, (r, m) in enumerate(zip(group.responses, group.masks)):
+        if len(r) != len(m):
+            raise ValueError(f"response has {len(r)} ids but mask has {len(m)}")
+        n = len(r)
+        inp[i, :n] = torch.as_tensor([group.prompt_ids[-1]] + list(r[:-1]), dtype=torch.long)
+        tgt[i, :n] = torch.as_tensor(r, dtype=torch.long)
+        attn[i, P - 1 : P - 1 + n] = 1
+        sel[i, :n] = torch.as_tensor(m, dtype=torch.bool)
+    pos = torch.arange(P - 1, P - 1 + T).unsqueeze(0).expand(R, -1)
+    inp, tgt, attn, sel, pos = (t.to(device) for t in (inp, tgt, attn, sel, pos))
+    hidden = decoder(input_ids=inp, attention_mask=attn, position_ids=pos, past_key_values=cache,
+                     use_cache=True).last_hidden_state
+    logits = head(hidden[sel]).float()
+    targets = tgt[sel]
+    ce = F.cross_entropy(logits, targets, reduction="none")
+    return ce, (logits.detach().argmax(-1) == targets).float(), prompt_ce
+
+
+# ---------------------------------------------------------------------------- module
 class SFTModule(LightningModule):
-    """AdamW with linear warmup and cosine decay to ``min_lr_ratio``; logs ``sft/loss`` and ``sft/token_acc``."""
+    """AdamW with linear warmup and cosine decay to ``min_lr_ratio``.
 
-    def __init__(self, model: nn.Module, lr: float = 2e-3, weight_decay: float = 0.0, betas=(0.9, 0.98),
-                 warmup_steps: int = 20, max_steps: int = 1000, min_lr_ratio: float = 0.1, grad_clip: float = 1.0):
+    Logs ``sft/loss`` and ``sft/token_acc`` (token means over the step's response tokens), per-kind
+    ``sft/loss_<kind>``, ``sft/prompt_loss`` (when ``prompt_loss_weight > 0``), ``sft/lr`` and
+    ``sft/trained_tokens``.
+
+    ``prompt_loss_weight`` adds that weight times the next-token loss on the *prompt* tokens (never
+    on observations). A model trained from scratch learns the language of prompts and reports from
+    it (including every dimension name of the pool), which it otherwise never sees as targets.
+    """
+
+    def __init__(self, model: nn.Module, pad_id: int, lr: float = 3e-3, weight_decay: float = 0.0, betas=(0.9, 0.98),
+                 warmup_steps: int = 20, max_steps: int = 1000, min_lr_ratio: float = 0.1, grad_clip: float = 1.0,
+                 shared_prompt: bool = True, prompt_loss_weight: float = 0.0):
         super().__init__()
         self.model = model
+        self.pad_id = int(pad_id)
         self.lr = float(lr)
         self.weight_decay = float(weight_decay)
         self.betas = tuple(float(b) for b in betas)
@@ -115,6 +212,8 @@ class SFTModule(LightningModule):
         self.max_steps = max(1, int(max_steps))
         self.min_lr_ratio = float(min_lr_ratio)
         self.grad_clip = float(grad_clip)
+        self.shared_prompt = bool(shared_prompt)
+        self.prompt_loss_weight = float(prompt_loss_weight)
         self.tokens_seen = 0
 
     def lr_factor(self, step: int) -> float:
@@ -134,15 +233,49 @@ class SFTModule(LightningModule):
         if self.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
 
-    def training_step(self, batch: TokenBatch, batch_idx: int) -> Tensor:
-        loss, acc, n = masked_lm_loss(self.model, batch)
+    def step_loss(self, groups: list[DemoGroup]) -> tuple[Tensor, dict[str, float], int]:
+        """Token-mean response loss over every group of the step (+ weighted prompt LM loss), and stats.
+
+        The returned loss is what is optimised; ``sft/loss`` in the stats is the response-only part.
+        """
+        total = sum(g.num_trained for g in groups)
+        if total == 0:
+            return next(self.model.parameters()).sum() * 0.0, {}, 0
+        with_prompt = self.prompt_loss_weight > 0
+        resp_loss = None
+        prompt_parts: list[Tensor] = []
+        correct = 0.0
+        per_kind: dict[str, list[float]] = {}
+        for g in groups:
+            if g.num_trained == 0:
+                continue
+            ce, ok, pce = group_token_losses(self.model, g, self.pad_id, self.shared_prompt, with_prompt)
+            part = ce.sum() / total
+            resp_loss = part if resp_loss is None else resp_loss + part
+            if pce is not None and pce.numel():
+                prompt_parts.append(pce)
+            correct += float(ok.sum())
+            acc = per_kind.setdefault(g.kind, [0.0, 0.0])
+            acc[0] += float(ce.detach().sum())
+            acc[1] += float(ce.numel())
+        stats = {"sft/loss": float(resp_loss.detach()), "sft/token_acc": correct / total}
+        stats.update({f"sft/loss_{k}": v[0] / max(v[1], 1.0) for k, v in per_kind.items()})
+        loss = resp_loss
+        if prompt_parts:
+            prompt_loss = torch.cat(prompt_parts).mean()
+            stats["sft/prompt_loss"] = float(prompt_loss.detach())
+            loss = loss + self.prompt_loss_weight * prompt_loss
+        return loss, stats, total
+
+    def training_step(self, batch: list[DemoGroup], batch_idx: int) -> Tensor:
+        loss, stats, n = self.step_loss(batch)
         self.tokens_seen += n
-        bs = int(batch.input_ids.shape[0])
-        self.log("sft/loss", loss.detach(), on_step=True, prog_bar=True, batch_size=bs)
-        self.log("sft/token_acc", acc, on_step=True, prog_bar=True, batch_size=bs)
+        bs = max(1, len(batch))
+        for k, v in stats.items():
+            self.log(k, v, on_step=True, prog_bar=k in ("sft/loss", "sft/token_acc"), batch_size=bs)
         self.log("sft/lr", self.lr * self.lr_factor(self.global_step), on_step=True, batch_size=bs)
         self.log("sft/trained_tokens", float(self.tokens_seen), on_step=True, batch_size=bs)
         return loss
 
     def transfer_batch_to_device(self, batch, device, dataloader_idx: int):
-        return batch.to(device) if isinstance(batch, TokenBatch) else super().transfer_batch_to_device(batch, device, dataloader_idx)
+        return batch  # groups are tensorised on the model's device in group_token_losses

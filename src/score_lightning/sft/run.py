@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 SFT_FORMAT_VERSION = 1
 META_FILE = "sft_meta.json"
 #: ``sft`` keys that do not change the trained weights (excluded from the cache key)
-_NON_KEY_FIELDS = ("enabled", "cache_dir", "log_every_n_steps", "probe", "log_samples")
+_NON_KEY_FIELDS = ("enabled", "cache_dir", "log_every_n_steps", "probe", "log_samples", "shared_prompt")
 #: files above this size are hashed by (size, first and last MiB) instead of their full content
 _FULL_HASH_LIMIT = 256 << 20
 
@@ -181,9 +181,10 @@ def build_sft_demos(cfg: DictConfig, tokenizer, retriever=None) -> tuple[list[De
         retriever = retriever_from_config(cfg.retriever, cfg.paths.cache_dir)
     queries = [q.prompt for q in load_queries(cfg.data.get("queries_path"))]
     base = HarnessState.from_dict(OmegaConf.to_container(cfg.harness.initial_state, resolve=True))
+    per = OmegaConf.to_container(s.responses_per_prompt, resolve=True) if s.get("responses_per_prompt") else None
     demos, stats = build_demos(
         tokenizer, retriever, queries, DemoBudgets.from_cfg(cfg), int(s.num_solver_demos), int(s.num_rubric_demos),
-        int(s.num_scoring_demos), seed=int(s.seed), base_state=base,
+        int(s.num_scoring_demos), seed=int(s.seed), base_state=base, per_prompt=per,
     )
     max_len = int(s.max_seq_len)
     kept = [d for d in demos if d.num_tokens <= max_len]
@@ -201,14 +202,16 @@ def train_sft(model, demos: list[Demo], pad_id: int, scfg: DictConfig, trainer_k
     from score_lightning.sft.module import SFTModule, make_loader
 
     bs = int(scfg.batch_size)
-    loader = make_loader(demos, bs, pad_id, seed=int(scfg.seed))
+    loader = make_loader(demos, bs, seed=int(scfg.seed))
     steps_per_epoch = len(loader)
     epochs = int(scfg.epochs)
     max_steps = int(scfg.max_steps) if int(scfg.get("max_steps", -1)) > 0 else epochs * steps_per_epoch
     max_steps = min(max_steps, epochs * steps_per_epoch)
-    module = SFTModule(model, lr=float(scfg.lr), weight_decay=float(scfg.weight_decay), betas=tuple(scfg.betas),
+    module = SFTModule(model, pad_id, lr=float(scfg.lr), weight_decay=float(scfg.weight_decay), betas=tuple(scfg.betas),
                        warmup_steps=int(scfg.warmup_steps), max_steps=max_steps,
-                       min_lr_ratio=float(scfg.min_lr_ratio), grad_clip=float(scfg.grad_clip))
+                       min_lr_ratio=float(scfg.min_lr_ratio), grad_clip=float(scfg.grad_clip),
+                       shared_prompt=bool(scfg.get("shared_prompt", True)),
+                       prompt_loss_weight=float(scfg.get("prompt_loss_weight", 0.0)))
     trainer = pl.Trainer(
         max_steps=max_steps, max_epochs=epochs, logger=logger, enable_checkpointing=False,
         log_every_n_steps=int(scfg.log_every_n_steps), enable_model_summary=False, num_sanity_val_steps=0,
