@@ -9,7 +9,6 @@ intervals, the harness period and the TensorBoard x-axis all count SCORE steps.
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import random
