@@ -37,6 +37,20 @@ def read_scalars(run: Path) -> dict[str, list[float]]:
     return {tag: [v for _, v in sorted(steps.items())] for tag, steps in out.items()}
 
 
+def read_sft_probe(run: Path) -> dict[str, float]:
+    """The cold start's ``sft/summary/probe/*`` rates (16 rubrics, 8 solver rollouts), logged by every run."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[str, float] = {}
+    for events in sorted((run / "tensorboard" / "sft").glob("events.out.tfevents.*")):
+        ea = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        ea.Reload()
+        for tag in ea.Tags()["scalars"]:
+            if tag.startswith("sft/summary/"):
+                out[tag[len("sft/summary/"):]] = ea.Scalars(tag)[-1].value
+    return out
+
+
 def summarize(scalars: dict[str, list[float]]) -> dict[str, float]:
     reward = scalars["solver/reward_mean"]
     n = max(1, round(0.2 * len(reward)))
@@ -48,6 +62,8 @@ def summarize(scalars: dict[str, list[float]]) -> dict[str, float]:
         "reward_gain": mean(reward[-n:]) - mean(reward[:n]),
         "rubric_valid_first": scalars["evaluator/rubric_valid_rate"][0],
         "answer_valid_first": scalars["solver/answer_valid_rate"][0],
+        "answer_valid_first20": mean(scalars["solver/answer_valid_rate"][:n]),
+        "answer_valid_last20": mean(scalars["solver/answer_valid_rate"][-n:]),
         "verified_first": scalars["evaluator/verified_rate"][0],
         "entropy_start": ent[0],
         "entropy_end": ent[-1],
@@ -68,13 +84,18 @@ def run_one(seed: int, freeze: bool, steps: int | None, out: Path, extra: list[s
     return run_dir, time.time() - t0
 
 
+def _f(x: float, fmt: str = ".2f") -> str:
+    return "-" if x != x else format(x, fmt)  # NaN (no solver update: no entropy logged) -> "-"
+
+
 def table(rows: list[tuple[str, dict[str, float], float]]) -> str:
     head = ("| run | steps | reward first 20% | reward last 20% | gain | rubric valid @1 | answer valid @1 "
-            "| verified @1 | entropy start → end | wall s |\n" + "|---" * 10 + "|\n")
+            "| verified @1 | answer valid first → last 20% | entropy start → end | wall s |\n" + "|---" * 11 + "|\n")
     body = "".join(
         f"| {name} | {s['steps']} | {s['reward_first20']:.3f} | {s['reward_last20']:.3f} | {s['reward_gain']:+.3f} | "
         f"{s['rubric_valid_first']:.2f} | {s['answer_valid_first']:.2f} | {s['verified_first']:.2f} | "
-        f"{s['entropy_start']:.2f} → {s['entropy_end']:.2f} | {wall:.0f} |\n"
+        f"{s['answer_valid_first20']:.2f} → {s['answer_valid_last20']:.2f} | "
+        f"{_f(s['entropy_start'])} → {_f(s['entropy_end'])} | {wall:.0f} |\n"
         for name, s, wall in rows
     )
     return head + body
@@ -88,7 +109,7 @@ def main() -> None:
     ap.add_argument("--no-append", action="store_true", help="print only; do not append to docs/BENCHMARKS.md")
     ap.add_argument("extra", nargs="*", help="extra Hydra overrides for every run")
     args = ap.parse_args()
-    rows, verdicts = [], []
+    rows, verdicts, probe = [], [], {}
     for seed in args.seeds:
         learn_dir, t_learn = run_one(seed, False, args.steps, args.out, args.extra)
         frozen_dir, t_frozen = run_one(seed, True, args.steps, args.out, args.extra)
@@ -96,8 +117,16 @@ def main() -> None:
         rows += [(f"seed {seed}", s_learn, t_learn), (f"seed {seed}, solver frozen", s_frozen, t_frozen)]
         ok = s_learn["reward_gain"] > 0 and s_learn["reward_gain"] > s_frozen["reward_gain"]
         verdicts.append(f"seed {seed}: gain {s_learn['reward_gain']:+.3f} vs frozen {s_frozen['reward_gain']:+.3f} "
-                        f"-> {'learns' if ok else 'NO LEARNING SIGNAL'}")
+                        f"-> {'learns' if ok else 'NO LEARNING SIGNAL'}; rubric valid at the first RL step "
+                        f"{s_learn['rubric_valid_first']:.2f} ({'ok' if s_learn['rubric_valid_first'] >= 0.8 else 'BELOW 0.8'})")
+        if not probe:
+            probe = read_sft_probe(learn_dir)
     text = table(rows)
+    if probe:  # one rubric per SCORE step, so "@1" above is 0 or 1; the probe samples 16 at once
+        keys = [k for k in ("probe/rubric_valid_rate", "probe/answer_valid_rate", "probe/cited_rate",
+                            "probe/tool_calls_mean", "total_s", "steps", "loss", "token_acc") if k in probe]
+        text += ("\nCold start (SFT, shared by every run; `sft/summary/*`): "
+                 + ", ".join(f"{k} {probe[k]:.3g}" for k in keys) + ".\n")
     print(text)
     print("\n".join(verdicts))
     if not args.no_append:

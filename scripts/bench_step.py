@@ -53,6 +53,8 @@ def _common_setup(threads: int) -> None:
 def ours_overrides(a) -> list[str]:
     return [
         "experiment=tiny_score",
+        "sft.enabled=false",                        # same starting weights as TRL: no cold start
+        "reward.require_citation=false",
         f"solver.num_rollouts={a.k}",
         f"data.batch_size={a.prompts}",
         f"optim.mini_batch_size={a.prompts}",       # one optimiser step per SCORE step

@@ -11,7 +11,7 @@ PY=${1:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 OUT=${GPU_CHECK_OUT:-logs/gpu_check}
 MODEL="model.tiny.hidden_size=1024 model.tiny.intermediate_size=2816 model.tiny.num_hidden_layers=16
        model.tiny.num_attention_heads=16 model.tiny.num_key_value_heads=4 model.tiny.vocab_size=4096"
-COMMON="experiment=tiny_score $MODEL trainer.accelerator=gpu trainer.devices=1 trainer.precision=bf16-mixed
+COMMON="experiment=tiny_score sft.enabled=false $MODEL trainer.accelerator=gpu trainer.devices=1 trainer.precision=bf16-mixed
         strategy=fsdp strategy.mixed_precision=bf16 trainer.max_steps=6 data.batch_size=4 optim.mini_batch_size=2
         solver.num_rollouts=8 solver.max_response_tokens=512 evaluator.max_response_tokens=384 optim.micro_batch_size=8
         trainer.enable_progress_bar=false callbacks.collapse_guard.enabled=false"

@@ -11,6 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: overrides that shrink tiny_score to seconds per step while keeping every phase active
 FAST = [
     "experiment=tiny_score",
+    "sft.enabled=false",
+    "optim.ppo_epochs=1",
     "solver.num_rollouts=2",
     "data.batch_size=1",
     "optim.mini_batch_size=1",

@@ -40,10 +40,12 @@ __all__ = [
 _CHUNK_ROWS = 1
 
 
-def _row_chunks(n: int, chunk_rows: int) -> range:
+def _row_chunks(t: Tensor, chunk_rows: int) -> tuple[Tensor, ...]:
+    """Row chunks as ``Tensor.split`` views: one backward node for all of them, where slicing in a
+    loop makes one full-size zero gradient per slice (5x slower backward on [16, 469, 4100] logits)."""
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
-    return range(0, n, chunk_rows)
+    return t.split(chunk_rows, dim=0)
 
 
 def token_logprobs(
@@ -68,11 +70,11 @@ def token_logprobs(
         raise ValueError(f"logits {tuple(logits.shape)} do not align with labels {tuple(labels.shape)}")
     safe_labels = labels.clamp(min=0).unsqueeze(-1)
     out = []
-    for start in _row_chunks(logits.shape[0], chunk_rows):
-        lg = logits[start : start + chunk_rows].float()
+    for chunk, chunk_labels in zip(_row_chunks(logits, chunk_rows), _row_chunks(safe_labels, chunk_rows)):
+        lg = chunk.float()
         if temperature != 1.0:
             lg = lg / temperature
-        picked = lg.gather(-1, safe_labels[start : start + chunk_rows]).squeeze(-1)
+        picked = lg.gather(-1, chunk_labels).squeeze(-1)
         out.append(picked - torch.logsumexp(lg, dim=-1))
     if not out:  # B == 0
         return logits.new_zeros(labels.shape, dtype=torch.float32)
@@ -88,8 +90,8 @@ def entropy_from_logits(logits: Tensor, chunk_rows: int = _CHUNK_ROWS) -> Tensor
     entropy of the sampling distribution is wanted.
     """
     out = []
-    for start in _row_chunks(logits.shape[0], chunk_rows):
-        lg = logits[start : start + chunk_rows].float()
+    for chunk in _row_chunks(logits, chunk_rows):
+        lg = chunk.float()
         # shift by the max first: both terms are then O(log V), no cancellation of large logits
         lg = lg - lg.amax(dim=-1, keepdim=True).detach()
         probs = torch.softmax(lg, dim=-1)

@@ -12,9 +12,11 @@ by default), deterministic given a seed:
   tokens, masks (0 on observations), the tool-budget notice and the length budget are exactly those
   of an RL rollout.
 * **rubric** - prompt: :func:`rubric_messages` for a random valid harness state (k, must-include,
-  weight bounds, notes) and scheduler hints; response: a short ``<think>`` that restates k and
-  numbers the chosen dimensions, then a ``<dimensions>`` block that satisfies the constraints. The
-  response ends at ``</dimensions>``, where RL generation stops.
+  weight bounds, notes; half of them the run's initial state) and scheduler hints; response: a short
+  ``<think>k = 3.</think>`` (mostly), then a ``<dimensions>`` block that satisfies the constraints:
+  must-include first, the other dimensions in pool order, weights from a fixed per-k profile
+  (:data:`WEIGHT_PROFILES`) when the bounds allow. Many different rubrics per prompt. The response
+  ends at ``</dimensions>``, where RL generation stops.
 * **scoring** - prompt: :func:`scoring_messages` over K reports (solver-style answers, some
   deliberately degraded: no citations, invented citations, off-topic, cut short, missing);
   response: verification ``<search>`` calls with real observations, then ``<report_evaluations>``
@@ -23,6 +25,12 @@ by default), deterministic given a seed:
 Budgets (prompt, response, observation, rubric and report lengths, K, topk) come from the run's
 config (:class:`DemoBudgets`), so the demonstrations look like what RL will sample. A demo that
 does not fit is shortened and, failing that, dropped (counted in :class:`DemoStats`).
+
+Why the rubric format is so regular: a ~1.5M-parameter model trained from scratch for a few CPU
+minutes learns local patterns (spelling, "previous weight -> next weight") but not to copy a
+number from the prompt, so it writes the initial state's k from its prior. Canonical order and
+per-k weight profiles turn "count to k" and "sum to 1" into chains of local decisions; the
+variety RL needs is in the choice of dimensions (and in the solver's searches and answers).
 """
 
 from __future__ import annotations
@@ -37,14 +45,14 @@ from score_lightning import protocol as P
 from score_lightning.harness.state import HarnessState
 from score_lightning.retrieval.base import Retriever, SearchHit
 from score_lightning.roles.prompts import rubric_messages, scoring_messages, solver_messages
-from score_lightning.roles.rubric import Rubric, check_rubric, fallback_rubric, format_weight
+from score_lightning.roles.rubric import Rubric, fallback_rubric
 from score_lightning.rollout.agent import AgentConfig, format_observation, run_agent
 from score_lightning.rollout.engine import Generation, SamplingParams
 
 log = logging.getLogger(__name__)
 
 #: Bump whenever the generated demonstrations change, so cached SFT checkpoints are rebuilt.
-DEMO_VERSION = 2
+DEMO_VERSION = 5
 
 SOLVER, RUBRIC, SCORING = "solver", "rubric", "scoring"
 
@@ -260,7 +268,10 @@ def first_sentence(text: str, max_words: int = 10) -> str:
 
 
 # ---------------------------------------------------------------------------- harness states and rubrics
-_K_WEIGHTS = {2: 0.05, 3: 0.45, 4: 0.25, 5: 0.15, 6: 0.10}
+#: k of the other states (weights); the base state's k is drawn with probability BASE_K_PROB instead
+_K_WEIGHTS = {2: 0.1, 3: 0.3, 4: 0.3, 5: 0.2, 6: 0.1}
+#: share of states that are exactly the base (initial) state, and of the others that keep its k
+BASE_STATE_PROB, BASE_K_PROB = 0.5, 0.6
 _NOTE_TEMPLATES = (
     "rule-based harness v{v}: no rule fired; constraints unchanged.",
     "rule-based harness v{v}: reward_std 0.000 < 0.050 (saturated): k {a}->{b}, require gap analysis.",
@@ -274,13 +285,20 @@ _NOTE_TEMPLATES = (
 def random_state(rng: random.Random, base: HarnessState, max_eval_tool_calls: int) -> HarnessState:
     """A valid harness state around ``base``: k, must-include, weight bounds, process rules, notes.
 
-    A third of the states are ``base`` itself (what RL sees before the first refresh).
+    Half the states are ``base`` itself (what RL sees until the harness first changes it), and most
+    others keep its k: about 80% of demos use the base k. The tiny model does not learn to *read*
+    k from the prompt within the SFT budget, so its k comes from this prior; the other k values are
+    still shown (every k in 2..6), for RL to build on.
     """
-    if rng.random() < 0.35:
+    if rng.random() < BASE_STATE_PROB:
         return HarnessState.from_dict(base.to_dict())
     pool = list(base.dimension_pool)
-    ks = [k for k in _K_WEIGHTS if k <= len(pool)]
-    k = rng.choices(ks, weights=[_K_WEIGHTS[x] for x in ks])[0]
+    base_k = base.dimension_constraints.k
+    ks = [k for k in _K_WEIGHTS if k <= len(pool) and k != base_k]
+    if rng.random() < BASE_K_PROB or not ks:
+        k = base_k
+    else:
+        k = rng.choices(ks, weights=[_K_WEIGHTS[x] for x in ks])[0]
     must = list(base.dimension_constraints.must_include)
     r = rng.random()
     if r < 0.08:
@@ -291,6 +309,10 @@ def random_state(rng: random.Random, base: HarnessState, max_eval_tool_calls: in
     must = must[:k]
     lows = [w for w in (0.0, 0.05, 0.1, 0.15) if k * w <= 1.0 + 1e-9]
     highs = [w for w in (0.4, 0.5, 0.6, 0.7, 0.8) if k * w >= 1.0 - 1e-9]
+    profile = WEIGHT_PROFILES.get(k)
+    if profile is not None and rng.random() < 0.9:  # mostly bounds the k's weight profile fits
+        lows = [w for w in lows if w <= min(profile) + 1e-9] or lows
+        highs = [w for w in highs if w >= max(profile) - 1e-9] or highs
     wmin, wmax = rng.choice(lows), rng.choice(highs)
     v = rng.randint(1, 6)
     note = "" if rng.random() < 0.6 else rng.choice(_NOTE_TEMPLATES).format(v=v, a=max(1, k - 1), b=k)
@@ -315,15 +337,30 @@ def _split(total: float, n: int) -> list[float]:
     return [(base + (1 if i < rem else 0)) / 100 for i in range(n)]
 
 
-def weight_plans(k: int, wmin: float, wmax: float) -> list[tuple[float, ...]]:
-    """Weight vectors for k dimensions that sum to 1 and respect the bounds; the first is equal weights.
+#: One fixed weight profile per k (each sums to exactly 1). No value appears in two profiles, so the
+#: next weight - and whether the list is complete - follows from the previous weight alone, and the
+#: first weight encodes k: a chain of local decisions a tiny model can learn, instead of counting.
+WEIGHT_PROFILES: dict[int, tuple[float, ...]] = {
+    1: (1.0,),
+    2: (0.60, 0.40),
+    3: (0.50, 0.30, 0.20),
+    4: (0.35, 0.25, 0.22, 0.18),
+    5: (0.28, 0.24, 0.19, 0.16, 0.13),
+    6: (0.27, 0.21, 0.15, 0.14, 0.12, 0.11),
+}
 
-    Equal weights (1/k to two decimals, e.g. 0.34/0.33/0.33) are what most demos use: any mix of the
-    two neighbouring values still sums to 1 within the parser's tolerance, so a sampled rubric is valid
-    as long as it has k dimensions. The others give the first (primary) dimension more weight and
-    split the rest equally, so every weight after the first follows from the first.
+
+def weight_plans(k: int, wmin: float, wmax: float) -> list[tuple[float, ...]]:
+    """Weight vectors for k dimensions that sum to 1 and respect the bounds, preferred first.
+
+    The fixed profile :data:`WEIGHT_PROFILES` ``[k]`` when it fits the bounds, then equal weights
+    (1/k to two decimals, e.g. 0.34/0.33/0.33), then primary-heavy plans (the first dimension gets
+    0.4-0.6, the rest an equal share).
     """
-    plans: list[tuple[float, ...]] = [tuple(_split(1.0, k))]
+    plans: list[tuple[float, ...]] = []
+    if k in WEIGHT_PROFILES:
+        plans.append(WEIGHT_PROFILES[k])
+    plans.append(tuple(_split(1.0, k)))
     if k >= 2:
         for p in (0.4, 0.5, 0.6):
             if p > 1.0 / k + 0.02:
@@ -333,14 +370,14 @@ def weight_plans(k: int, wmin: float, wmax: float) -> list[tuple[float, ...]]:
 
 def random_rubric(
     rng: random.Random, state: HarnessState, required: Sequence[str] = (), avoided: Sequence[str] = (),
-    explore: Sequence[str] = (), equal_weight_prob: float = 0.75,
+    explore: Sequence[str] = (), preferred_weight_prob: float = 1.0,
 ) -> Rubric:
     """A rubric satisfying ``state``, written in a canonical order.
 
     Must-include dimensions first, then the chosen ones in *pool order* (so "which comes next" only
     depends on the previous name, and a repeat never looks likely); hints are followed (required
-    included, avoided left out, explore tried); weights from :func:`weight_plans`, equal weights
-    with probability ``equal_weight_prob``.
+    included, avoided left out, explore tried); weights: the first (preferred) plan of
+    :func:`weight_plans` with probability ``preferred_weight_prob``, else another valid plan.
     """
     dc = state.dimension_constraints
     pool = list(state.dimension_pool)
@@ -360,7 +397,7 @@ def random_rubric(
     plans = weight_plans(dc.k, dc.weight_min, dc.weight_max)
     if not plans:
         return fallback_rubric(state)
-    weights = plans[0] if (rng.random() < equal_weight_prob or len(plans) == 1) else rng.choice(plans[1:])
+    weights = plans[0] if (rng.random() < preferred_weight_prob or len(plans) == 1) else rng.choice(plans[1:])
     return Rubric(tuple(dims), tuple(weights))
 
 

@@ -323,15 +323,17 @@ def probe_policy(model, tokenizer, retriever, cfg: DictConfig, n_rubric: int, n_
 
 
 # ---------------------------------------------------------------------------- entry point
-def _log_to_tb(logger, metrics: dict, texts: dict[str, str]) -> None:
+def _log_to_tb(logger, metrics: dict, texts: dict[str, str], step: int = 0) -> None:
+    """Run summary (final loss, timings, probe rates, cache hit) as ``sft/summary/*`` scalars at ``step``."""
     exp = getattr(logger, "experiment", None)
     if exp is None:
         return
     for k, v in metrics.items():
         if isinstance(v, (int, float)) and math.isfinite(float(v)):
-            exp.add_scalar(k if k.startswith("sft/") else f"sft/{k}", float(v), 0)
+            name = k[len("sft/"):] if k.startswith("sft/") else k
+            exp.add_scalar(f"sft/summary/{name}", float(v), step)
     for k, t in texts.items():
-        exp.add_text(k, t, 0)
+        exp.add_text(k, t, step)
     exp.flush()
 
 
@@ -352,12 +354,14 @@ def run_sft(cfg: DictConfig, model_path: str) -> Path:
         if is_complete(out):
             meta = json.loads((out / META_FILE).read_text())
             log.info("sft: reusing cached cold-start checkpoint %s (no training)", out)
-            _log_to_tb(logger, {**meta.get("metrics", {}), "sft/cache_hit": 1.0},
-                       {"sft/info": f"reused cached SFT checkpoint `{out}`"})
+            m = meta.get("metrics", {})
+            _log_to_tb(logger, {**m, "sft/cache_hit": 1.0}, {"sft/info": f"reused cached SFT checkpoint `{out}`"},
+                       step=int(m.get("sft/steps", 0)))
             return out
         with preserved_rng():
             meta = _build(cfg, model_path, out, inputs, logger)
-        _log_to_tb(logger, {**meta["metrics"], "sft/cache_hit": 0.0}, {"sft/info": f"trained SFT checkpoint `{out}`"})
+        _log_to_tb(logger, {**meta["metrics"], "sft/cache_hit": 0.0}, {"sft/info": f"trained SFT checkpoint `{out}`"},
+                   step=int(meta["metrics"].get("sft/steps", 0)))
     return out
 
 
@@ -389,7 +393,6 @@ def _build(cfg: DictConfig, model_path: str, out: Path, inputs: dict, logger) ->
     probe = s.get("probe") or {}
     if int(probe.get("num_rubrics", 0)) > 0 or int(probe.get("num_solver", 0)) > 0:
         tp = time.perf_counter()
-        model.to("cpu" if accel == "cpu" else model.device)
         pm = probe_policy(model, tokenizer, retriever, cfg, int(probe.get("num_rubrics", 0)),
                           int(probe.get("num_solver", 0)), seed=int(s.seed), n_scoring=int(probe.get("num_scoring", 1)))
         pm.pop("probe/rubric_errors", None)
