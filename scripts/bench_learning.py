@@ -25,30 +25,28 @@ from statistics import mean
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def read_scalars(run: Path) -> dict[str, list[float]]:
+def _tb_scalars(logdir: Path) -> dict[str, dict[int, float]]:
+    """``{tag: {step: value}}`` from the event files directly in ``logdir`` (not its subfolders)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out: dict[str, dict[int, float]] = {}
-    for events in sorted((run / "tensorboard").glob("events.out.tfevents.*")):  # RL events only (SFT is in sft/)
+    for events in sorted(logdir.glob("events.out.tfevents.*")):
         ea = EventAccumulator(str(events), size_guidance={"scalars": 0})
         ea.Reload()
         for tag in ea.Tags()["scalars"]:
             out.setdefault(tag, {}).update({e.step: e.value for e in ea.Scalars(tag)})
-    return {tag: [v for _, v in sorted(steps.items())] for tag, steps in out.items()}
+    return out
+
+
+def read_scalars(run: Path) -> dict[str, list[float]]:
+    """The RL curves, in step order (the cold start logs to ``tensorboard/sft``, read separately)."""
+    return {tag: [v for _, v in sorted(steps.items())] for tag, steps in _tb_scalars(run / "tensorboard").items()}
 
 
 def read_sft_probe(run: Path) -> dict[str, float]:
-    """The cold start's ``sft/summary/probe/*`` rates (16 rubrics, 8 solver rollouts), logged by every run."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    out: dict[str, float] = {}
-    for events in sorted((run / "tensorboard" / "sft").glob("events.out.tfevents.*")):
-        ea = EventAccumulator(str(events), size_guidance={"scalars": 0})
-        ea.Reload()
-        for tag in ea.Tags()["scalars"]:
-            if tag.startswith("sft/summary/"):
-                out[tag[len("sft/summary/"):]] = ea.Scalars(tag)[-1].value
-    return out
+    """The cold start's ``sft/summary/*`` values (probe rates over 16 rubrics and 8 rollouts, loss, time)."""
+    return {tag[len("sft/summary/"):]: steps[max(steps)] for tag, steps in _tb_scalars(run / "tensorboard" / "sft").items()
+            if tag.startswith("sft/summary/")}
 
 
 def summarize(scalars: dict[str, list[float]]) -> dict[str, float]:

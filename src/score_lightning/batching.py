@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from score_lightning.losses import entropy_from_logits
+from score_lightning.losses import entropy_from_logits, token_logprobs
 
 
 @dataclass
@@ -114,13 +114,12 @@ def policy_logprobs(
         lg = lg.float()
         if temperature != 1.0:
             lg = lg / temperature
-        # log p(label) = logit[label] - logsumexp(logits), as losses.token_logprobs, without a log_softmax tensor
-        lps.append(lg.gather(-1, lab.clamp(min=0).unsqueeze(-1)).squeeze(-1) - torch.logsumexp(lg, dim=-1))
+        lps.append(token_logprobs(lg, lab, chunk_rows=lg.shape[0]))
         if with_entropy:
             grad = entropy_grad and torch.is_grad_enabled()
             with torch.set_grad_enabled(grad):
-                # a logged statistic: one row at a time bounds its temporaries; with a gradient, the
-                # whole chunk at once (row slices would each add a full-size zero gradient in backward)
+                # a logged statistic: one row at a time bounds its temporaries; with a gradient (an
+                # entropy bonus), the whole chunk at once, keeping fewer activations for backward
                 ents.append(entropy_from_logits(lg, chunk_rows=lg.shape[0] if grad else 1))
     logp = torch.nn.functional.pad(torch.cat(lps, dim=0), (start, 0))
     ent = torch.nn.functional.pad(torch.cat(ents, dim=0), (start, 0)) if with_entropy else None

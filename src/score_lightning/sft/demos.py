@@ -383,16 +383,21 @@ def random_rubric(
     pool = list(state.dimension_pool)
     must = list(dict.fromkeys(dc.must_include))
     chosen: list[str] = []
+
+    def free(d: str) -> bool:
+        return d in pool and d not in must and d not in chosen
+
     for d in required:
-        if len(must) + len(chosen) < dc.k and d not in must and d not in chosen and d in pool:
+        if len(must) + len(chosen) < dc.k and free(d):
             chosen.append(d)
     for d in explore:
-        if len(must) + len(chosen) < dc.k and d not in must and d not in chosen and d in pool and rng.random() < 0.6:
+        if len(must) + len(chosen) < dc.k and free(d) and rng.random() < 0.6:
             chosen.append(d)
-    rest = [d for d in pool if d not in must and d not in chosen and d not in avoided]
-    if len(rest) < dc.k - len(must) - len(chosen):
-        rest = [d for d in pool if d not in must and d not in chosen]
-    chosen.extend(rng.sample(rest, dc.k - len(must) - len(chosen)))
+    missing = dc.k - len(must) - len(chosen)
+    rest = [d for d in pool if free(d) and d not in avoided]
+    if len(rest) < missing:
+        rest = [d for d in pool if free(d)]
+    chosen.extend(rng.sample(rest, missing))
     dims = must + sorted(chosen, key=pool.index)
     plans = weight_plans(dc.k, dc.weight_min, dc.weight_max)
     if not plans:
@@ -405,42 +410,6 @@ def rubric_response(rubric: Rubric, k: int, think: bool) -> str:
     """``<think>k = 3.</think><dimensions>...</dimensions>``: the think restates k right before the list."""
     head = f"{P.THINK_OPEN}k = {k}.{P.THINK_CLOSE}" if think else ""
     return head + rubric.to_xml()
-
-
-def protocol_vocabulary_texts(n: int = 300, seed: int = 0) -> list[str]:
-    """Texts in the evaluator's XML vocabulary, for training the tiny model's BPE tokenizer.
-
-    The stdlib corpus never contains ``<dim name="factual_support" weight="0.40"/>`` or
-    ``<score dim=... value=... reason=.../>``, so a tokenizer trained on it spells dimension names
-    and attributes in 5-6 byte-ish pieces. Adding these texts to ``tokenizer_extra_texts`` makes
-    names and attributes 1-3 tokens: shorter sequences and far easier spelling for a tiny model.
-    Self-contained on purpose (independent of the demo generator), so the tokenizer stays put when
-    the demonstrations change.
-    """
-    rng = random.Random(f"vocab-{seed}")
-    pool = list(HarnessState().dimension_pool)
-    out: list[str] = []
-    for _ in range(n):
-        k = rng.randint(2, 6)
-        dims = rng.sample(pool, k)
-        weights = [rng.randint(5, 60) / 100 for _ in dims]
-        out.append(f"{P.THINK_OPEN}k = {k}.{P.THINK_CLOSE}" + Rubric(tuple(dims), tuple(weights)).to_xml())
-        scores = "".join(f'<score dim="{d}" value="{rng.randint(0, 10)}" reason="{BuilderText.reason(rng.randint(0, 10))}"/>'
-                         for d in dims)
-        out.append(f'<report id="{rng.randint(1, 8)}">{P.VERIFICATION_OPEN}No citations.{P.VERIFICATION_CLOSE}'
-                   f"{P.GAP_OPEN}None.{P.GAP_CLOSE}{P.SCORES_OPEN}{scores}{P.SCORES_CLOSE}{P.REPORT_CLOSE}")
-    return out
-
-
-class BuilderText:
-    """Fixed phrases shared by the demos and the tokenizer texts."""
-
-    @staticmethod
-    def reason(v: int) -> str:
-        """A one-word reason (the parser ignores it; short keeps K x k scores inside the budget)."""
-        if v == 0:
-            return "missing"
-        return "strong" if v >= 8 else "good" if v >= 6 else "weak" if v >= 4 else "poor"
 
 
 # ---------------------------------------------------------------------------- solver answers
@@ -700,7 +669,12 @@ class DemoBuilder:
             out.append(int(min(10, max(0, v))))
         return out
 
-    _reason = staticmethod(BuilderText.reason)
+    @staticmethod
+    def _reason(v: int) -> str:
+        """A one-word reason (the parser ignores it; short keeps K x k scores inside the budget)."""
+        if v == 0:
+            return "missing"
+        return "strong" if v >= 8 else "good" if v >= 6 else "weak" if v >= 4 else "poor"
 
     def _verification(self, feat: dict, confirmed: set[str]) -> str:
         kind, cited = feat["kind"], feat["cited"]
@@ -871,5 +845,5 @@ def demo_summary(demos: Sequence[Demo]) -> dict[str, float]:
 
 __all__ = [
     "DEMO_VERSION", "Demo", "DemoBudgets", "DemoBuilder", "DemoStats", "build_demos", "chat_ids", "demo_summary",
-    "protocol_vocabulary_texts", "query_entities", "random_rubric", "random_state", "search_queries", "weight_plans",
+    "query_entities", "random_rubric", "random_state", "search_queries", "weight_plans",
 ]
