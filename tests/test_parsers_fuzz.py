@@ -28,6 +28,10 @@ FRAGMENTS = list(PROTOCOL_TOKENS) + [
 fragment_text = st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=8), max_size=40).map("".join)
 
 
+def _chars(ids) -> str:
+    return "".join(chr(int(i)) for i in ids)
+
+
 def check_all_parsers(text: str) -> None:
     """Each parser returns its typed result on ``text``; invalid results carry a reason."""
     rp = parse_rubric(text, STATE)
@@ -46,7 +50,7 @@ def check_all_parsers(text: str) -> None:
     assert isinstance(conclusion, str) and CITATION_RE.search(conclusion) is None
     if ap.answer is not None:
         assert isinstance(extract_conclusion(ap.answer), str)
-    assert rubric_token_span([ord(c) for c in text], ord(">")) == (
+    assert rubric_token_span([ord(c) for c in text], _chars, ">") == (
         (0, text.index(">") + 1) if ">" in text else None
     )
 
@@ -143,7 +147,7 @@ def test_truncated_answer_is_invalid(text, data):
 @settings(max_examples=100, **FAST)
 @given(st.lists(st.integers(0, 20), max_size=50), st.integers(0, 20))
 def test_rubric_token_span_property(ids, close):
-    span = rubric_token_span(ids, close)
+    span = rubric_token_span(ids, _chars, chr(close))
     if close not in ids:
         assert span is None
     else:

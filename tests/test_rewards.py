@@ -15,9 +15,11 @@ from score_lightning.rewards.functions import (
     EMABaseline,
     apply_verifier,
     citation_validity,
+    consistency_over_valid,
     group_consistency,
     pairwise_tfidf_consistency,
     solver_reward,
+    verified_rewards,
 )
 from score_lightning.rewards.metrics import CitationValidity, Consistency, RubricReward
 
@@ -80,6 +82,30 @@ def test_verifier_zeroes_rows_below_tau():
     # tau = 0 verifies everything
     out3, verified3 = apply_verifier(scores, depth, min_depth=0)
     assert verified3.all() and torch.equal(out3, scores)
+
+
+def test_verified_rewards_zero_reward_vs_scores_by_hand():
+    """Algorithm 1, line 23 (zero="reward") against the softer zero="scores" on rubric A."""
+    depth = T([2, 0, 1, 3])
+    r, s, verified = verified_rewards(V_A, S_A, W_A, depth, min_depth=2)
+    # r1 1.73 verified; r2 invalid 0; r3 depth 1 < 2: reward 2.0 -> 0; r4 1.0 verified
+    assert r.tolist() == pytest.approx([1.73, 0.0, 0.0, 1.0])
+    assert torch.equal(s, S_A) and verified.tolist() == [True, False, False, True]
+    r2, s2, _ = verified_rewards(V_A, S_A, W_A, depth, min_depth=2, zero="scores")
+    assert r2.tolist() == pytest.approx([1.73, 0.0, 1.0, 1.0])  # r3 keeps a(r) = 1
+    assert s2[2].tolist() == [0.0, 0.0, 0.0] and s2[0].tolist() == pytest.approx([0.7, 0.5, 1.0])
+    r3, _, _ = verified_rewards(V_A, S_A, W_A, depth, min_depth=2, enabled=False)
+    assert r3.tolist() == pytest.approx([1.73, 0.0, 2.0, 1.0])  # "no verifier" ablation
+    with pytest.raises(ValueError, match="verifier.zero"):
+        verified_rewards(V_A, S_A, W_A, depth, 2, zero="all")
+
+
+def test_consistency_over_valid_reports_only():
+    # the invalid report's conclusion would pull C down from 1.0 to 1/3 if it counted
+    assert consistency_over_valid(["use json", "use json", "other words"], [True, True, False]) == pytest.approx(1.0)
+    assert consistency_over_valid(["use json", "use json", "other words"], [True, True, True]) == pytest.approx(1 / 3)
+    assert consistency_over_valid(["use json", "x"], [True, False]) is None  # one valid report: no pair
+    assert consistency_over_valid([], []) is None
 
 
 def test_verifier_shape_error():
@@ -197,10 +223,13 @@ def test_rubric_reward_metric_pools_not_mean_of_means():
 
 def test_rubric_reward_metric_with_verifier():
     m = RubricReward()
-    m.update(torch.ones(4), S_A, W_A, depth=T([2, 0, 2, 2]), min_depth=1)  # r2 zeroed: 1.73 + 1 + 2 + 1
+    m.update(torch.ones(4), S_A, W_A, depth=T([2, 0, 2, 2]), min_depth=1)  # r2's reward zeroed: 1.73 + 0 + 2 + 1
+    assert float(m.compute()) == pytest.approx(4.73 / 4)
+    m = RubricReward()
+    m.update(torch.ones(4), S_A, W_A, depth=T([2, 0, 2, 2]), min_depth=1, zero="scores")  # r2 keeps a(r)=1
     assert float(m.compute()) == pytest.approx(5.73 / 4)
     with pytest.warns(UserWarning, match="before the ``update``"):
-        assert float(RubricReward().compute()) == 0.0  # empty -> 0, not NaN
+        assert math.isnan(float(RubricReward().compute()))  # empty -> NaN: nothing measured, not a 0
 
 
 def test_consistency_metric_pools_queries():

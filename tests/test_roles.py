@@ -164,12 +164,29 @@ def test_fallback_rubric_is_valid_for_any_valid_state(state):
     assert fallback_rubric(state) == r  # deterministic
 
 
+def _chars(ids) -> str:
+    return "".join(chr(int(i)) for i in ids)
+
+
 def test_rubric_token_span():
-    assert rubric_token_span([5, 6, 7, 9, 7], 7) == (0, 3)
-    assert rubric_token_span([7], 7) == (0, 1)
-    assert rubric_token_span([5, 6], 7) is None
-    assert rubric_token_span([], 7) is None
-    assert rubric_token_span(torch.tensor([1, 2, 3, 2]), 2) == (0, 2)
+    assert rubric_token_span([5, 6, 7, 9, 7], _chars, chr(7)) == (0, 3)
+    assert rubric_token_span([7], _chars, chr(7)) == (0, 1)
+    assert rubric_token_span([5, 6], _chars, chr(7)) is None
+    assert rubric_token_span([], _chars, chr(7)) is None
+    assert rubric_token_span(torch.tensor([1, 2, 3, 2]), _chars, chr(2)) == (0, 2)
+    # a close tag spread over several tokens ends at the token that completes it
+    ids = [ord(c) for c in "ab</dim"] + [ord(c) for c in "ensions>zz"]
+    assert rubric_token_span(ids, _chars) == (0, len("ab</dimensions>"))
+
+
+def test_rubric_token_span_on_real_tokenizer_pieces(tokenizer):
+    """With a tokenizer that splits the tag (here: the tag text forced through plain BPE pieces)."""
+    text = '<think>ok</think><dimensions><dim name="a" weight="1.00"/></dimensions> trailing words'
+    pieces = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in text]  # one piece per char
+    ids = [i for p in pieces for i in p]
+    span = rubric_token_span(ids, tokenizer.decode)
+    assert span is not None and tokenizer.decode(ids[: span[1]]).endswith("</dimensions>")
+    assert not tokenizer.decode(ids[: span[1] - 1]).endswith("</dimensions>")
 
 
 # ============================================================================ evaluation

@@ -102,6 +102,27 @@ def test_load_with_changed_pool_keeps_known_dims() -> None:
     assert t.ema == {"b": pytest.approx(0.75), "e": None} and t.count == {"b": 3, "e": 0} and t.steps == 5
 
 
+def test_set_pool_follows_a_pool_edit() -> None:
+    s = run(hand_scheduler())  # a=0.725 (4 obs), b=0.75 (3), c=0.2 (3), d never chosen
+    s.set_pool(["e", "b", "c"])  # the harness dropped a and d, added e
+    assert s.pool == ["e", "b", "c"] and s.steps == 5
+    assert s.ema == {"e": None, "b": pytest.approx(0.75), "c": pytest.approx(0.2)}
+    assert s.count == {"e": 0, "b": 3, "c": 3} and s.selected == {"e": 0, "b": 3, "c": 3}
+    assert s.required() == ["b"] and s.avoided() == ["c"] and s.explore() == ["e"]  # a is gone from every hint
+    assert s.frequencies() == pytest.approx({"e": 0.0, "b": 0.6, "c": 0.6})
+    s.update_stats(["e", "a"], [1.0])  # a is no longer in the pool: ignored
+    assert s.ema["e"] == 1.0 and "a" not in s.ema and s.steps == 6
+    # a checkpoint taken after the edit restores into a scheduler that follows the same edit
+    t = hand_scheduler()
+    t.set_pool(["e", "b", "c"])
+    t.load_state_dict(json.loads(json.dumps(s.state_dict())))
+    assert t.state_dict() == s.state_dict()
+    s.set_pool(["a", "b"])  # a comes back without its old statistics
+    assert s.ema["a"] is None and s.count["a"] == 0 and s.count["b"] == 3
+    with pytest.raises(ValueError, match="at least one"):
+        s.set_pool([])
+
+
 @pytest.mark.parametrize("kw", [{"ema_decay": 1.0}, {"ema_decay": -0.1}, {"min_count_required": 0},
                                 {"avoid_threshold": 0.9, "required_threshold": 0.5}])
 def test_invalid_parameters(kw: dict) -> None:

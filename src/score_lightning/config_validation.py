@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 
 class ConfigError(ValueError):
@@ -104,7 +104,12 @@ def validate_config(cfg: DictConfig) -> None:
     c("trainer.max_steps", _int(1), "an integer >= 1 (SCORE steps)")
     c("trainer.precision", lambda v: str(v) in _PRECISIONS, f"one of {sorted(_PRECISIONS)} (fp16 with a grad scaler is not supported)")
     c("retriever.kind", lambda v: v in ("bm25", "http"), "'bm25' or 'http'")
-    c("rollout.engine", lambda v: v in ("hf", "vllm"), "'hf' or 'vllm'")
+    c("rollout.engine", lambda v: v in ("hf", "vllm", "scripted"), "'hf', 'vllm' or 'scripted'")
+    c("verifier.zero", lambda v: v in ("reward", "scores"), "'reward' (Algorithm 1: s_i^k = 0) or 'scores' (keep a(r))")
+    c("evaluator.reward", lambda v: v in ("consistency", "solver_reward"), "'consistency' or 'solver_reward'")
+    c("evaluator.rubric_queries", _int(1), "an integer >= 1")
+    c("solver.conclusion_line", *_BOOL)
+    c("optim.eps", _num(0.0, lo_open=True), "a number > 0")
     c("strategy.name", lambda v: v in ("single", "ddp", "fsdp"), "'single', 'ddp' or 'fsdp'")
     if OmegaConf.select(cfg, "retriever.kind") == "http":
         c("retriever.url", lambda v: isinstance(v, str) and v.startswith(("http://", "https://")), "an http(s):// URL")
@@ -125,9 +130,29 @@ def validate_config(cfg: DictConfig) -> None:
     mb, bs = OmegaConf.select(cfg, "optim.mini_batch_size"), OmegaConf.select(cfg, "data.batch_size")
     if isinstance(mb, int) and isinstance(bs, int) and mb > bs:
         e.append(f"optim.mini_batch_size={mb}: must be <= data.batch_size={bs}")
+    world = data_parallel_size(cfg)
+    if world > 1 and isinstance(mb, int) and mb % world:
+        e.append(f"optim.mini_batch_size={mb}: counts global queries and must be divisible by the {world} "
+                 "data-parallel processes")
+    if (OmegaConf.select(cfg, "solver.freeze") is True and OmegaConf.select(cfg, "actor.shared") is True
+            and OmegaConf.select(cfg, "evaluator.enabled") is True):
+        e.append("solver.freeze=true: with actor.shared=true the evaluator's REINFORCE update moves the shared "
+                 "weights, so the solver would not be frozen; set actor.shared=false (frozen solver, trained "
+                 "evaluator) or evaluator.enabled=false (nothing trains)")
     _check_harness(cfg, e)
     if e:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(e))
+
+
+def data_parallel_size(cfg: DictConfig) -> int:
+    """Processes that split the global batch: devices x nodes for ddp/fsdp, else 1."""
+    if OmegaConf.select(cfg, "strategy.name") not in ("ddp", "fsdp"):
+        return 1
+    devices = OmegaConf.select(cfg, "trainer.devices")
+    nodes = OmegaConf.select(cfg, "trainer.num_nodes") or 1
+    per_node = devices if isinstance(devices, int) else (len(devices) if isinstance(devices, (list, tuple, ListConfig)) else 1)
+    tp = OmegaConf.select(cfg, "strategy.tensor_parallel_size") or 1
+    return max(1, int(per_node) * int(nodes) // int(tp))
 
 
 def _check_harness(cfg: DictConfig, errors: list[str]) -> None:

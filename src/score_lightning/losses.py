@@ -216,12 +216,14 @@ def grpo_token_loss(
     kl_coef: float,
     entropy_coef: float = 0.0,
     entropy: Tensor | None = None,
+    kl_clamp: float = 10.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Solver GRPO actor loss for one micro-batch, as a **sum** over response tokens.
 
     Per token: ``pg + kl_coef * k3_kl(logp, ref_logp) - entropy_coef * entropy``. The KL to the
     frozen reference sits in the actor loss (SCORE / verl ``use_kl_loss``), not in the reward.
-    ``ref_logp=None`` (or ``kl_coef == 0``) drops the KL term.
+    ``ref_logp=None`` (or ``kl_coef == 0``) drops the KL term. ``kl_clamp`` bounds the per-token
+    k3 value (``loss.kl_clamp``), as for the evaluator's KL.
 
     Returns ``(loss_sum, stats)``. Divide ``loss_sum`` by the token count of the *whole*
     mini-batch (all micro-batches, all ranks), never by this micro-batch's own count: the sum of
@@ -233,7 +235,7 @@ def grpo_token_loss(
     pg, clipped = clipped_surrogate(logp, old_logp, advantages, clip_low=clip_low, clip_high=clip_high)
     per_token = pg
     if ref_logp is not None:
-        kl = k3_kl(logp, ref_logp)
+        kl = k3_kl(logp, ref_logp, kl_clamp=kl_clamp)
         if kl_coef != 0.0:
             per_token = per_token + kl_coef * kl
     else:

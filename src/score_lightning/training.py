@@ -10,6 +10,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from score_lightning.config_validation import validate_config
+from score_lightning.paths import corpus_path
 
 log = logging.getLogger(__name__)
 
@@ -24,14 +25,6 @@ def resolve_output_dir(cfg: DictConfig) -> None:
                 cfg.paths.output_dir = HydraConfig.get().runtime.output_dir
     except ImportError:  # pragma: no cover
         pass
-
-
-def corpus_path(cfg: DictConfig) -> Path:
-    from score_lightning.data.corpus import default_corpus_path
-
-    if cfg.retriever.get("corpus_path"):
-        return Path(cfg.retriever.corpus_path)
-    return default_corpus_path(Path(cfg.paths.cache_dir) / "corpus")
 
 
 def tokenizer_extra_texts() -> list[str]:

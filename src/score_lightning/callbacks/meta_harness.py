@@ -45,6 +45,10 @@ class MetaHarnessCallback(L.Callback):
         missing = [name for name in _REQUIRED if not hasattr(pl_module, name)]
         if missing:
             raise AttributeError(f"MetaHarnessCallback needs the module to define {missing}")
+        # the statistics window is this callback's period M, even when only the callback's value is overridden
+        set_window = getattr(pl_module, "set_harness_window", None)
+        if callable(set_window):
+            set_window(self.every_n_steps)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # The constraints in force from the first step (or from the resumed step), for the record.

@@ -74,7 +74,6 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--out-dir", default=None, help="default: <articles without .jsonl>.judge/")
     j.add_argument("--max-retries", type=int, default=2, help="retries per request before it is recorded as missing")
     j.add_argument("--timeout-s", type=float, default=60.0)
-    j.add_argument("--backoff-s", type=float, default=1.0, help="first retry delay (doubles per retry)")
     j.add_argument("--concurrency", type=int, default=4, help="parallel judge requests")
     j.add_argument("--limit", type=int, default=None, help="only the first N articles")
     j.add_argument("--no-quality", action="store_true", help="skip the writing-quality judge")
@@ -115,9 +114,10 @@ def _judge(args: argparse.Namespace) -> int:
         (articles.name[:-6] if articles.name.endswith(".jsonl") else articles.name) + ".judge")
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     if not api_key:
-        logging.getLogger(__name__).warning("$%s is not set: sending requests without an API key", args.api_key_env)
+        logging.getLogger(__name__).warning("$%s is not set: sending a placeholder API key (local servers ignore it)",
+                                            args.api_key_env)
     client = JudgeClient(args.judge_base_url, args.judge_model, api_key, timeout_s=args.timeout_s,
-                         max_retries=args.max_retries, backoff_s=args.backoff_s,
+                         max_retries=args.max_retries,
                          temperature=args.judge_temperature, max_tokens=args.judge_max_tokens)
     opts = JudgeOptions(quality=not args.no_quality, citations=not args.no_citations, concurrency=args.concurrency,
                         limit=args.limit, max_article_chars=args.max_article_chars,

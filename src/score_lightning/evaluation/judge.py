@@ -20,10 +20,13 @@ counts; ``valid_citation_ratio_strict`` = supported / (supported + unsupported +
 too. When an article has no entry in the sources file its citations cannot be checked and are
 counted as missing (``no_sources_entry``).
 
-**Failures.** A timeout, connection error, 5xx/408/429 status, a body that is not a chat completion,
-or a reply that does not parse into the expected JSON is retried ``max_retries`` times; other 4xx
-statuses are not retried. A request that still fails is recorded as *missing* with its error kind:
-missing results are left out of every mean and ratio and counted in the report, never scored 0.
+**Failures.** Requests go through the official ``openai`` SDK
+(:class:`~score_lightning.harness.chat.ChatClient`): it retries a timeout, a connection error and
+HTTP 408/409/429/5xx ``max_retries`` times with its own backoff; other 4xx statuses are not
+retried. A reply that does not parse into the expected JSON, is cut at ``max_tokens`` or is not a
+chat completion is asked again (with the reason) up to ``max_retries`` times. A request that still
+fails is recorded as *missing* with its error kind: missing results are left out of every mean and
+ratio and counted in the report, never scored 0.
 """
 
 from __future__ import annotations
@@ -32,15 +35,12 @@ import json
 import logging
 import math
 import re
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import requests
-
+from score_lightning.harness.chat import ChatClient, ChatOutcome, ReplyError, extract_json_object
 from score_lightning.roles.answer import CITATION_RE, cited_ids, strip_citations
 
 log = logging.getLogger(__name__)
@@ -101,30 +101,6 @@ def citation_messages(statement: str, doc_id: str, title: str | None, text: str)
 
 
 # ---------------------------------------------------------------------------------------- parsing
-class ReplyError(ValueError):
-    """The judge answered, but not in the expected form (retried like a transport failure)."""
-
-
-_FENCE_RE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL | re.IGNORECASE)
-
-
-def extract_json(text: str) -> Any:
-    """The JSON object in a reply: bare, inside a ```json fence, or between the first ``{`` and last ``}``."""
-    if not isinstance(text, str) or not text.strip():
-        raise ReplyError("empty reply")
-    candidates = [text.strip()]
-    candidates += [m.strip() for m in _FENCE_RE.findall(text)]
-    first, last = text.find("{"), text.rfind("}")
-    if 0 <= first < last:
-        candidates.append(text[first:last + 1])
-    for c in candidates:
-        try:
-            return json.loads(c)
-        except ValueError:
-            continue
-    raise ReplyError(f"no JSON object in reply: {text[:120]!r}")
-
-
 def _score(value: Any, dim: str) -> float:
     if isinstance(value, dict):
         value = value.get("score")
@@ -141,9 +117,7 @@ def _score(value: Any, dim: str) -> float:
 
 def parse_quality_reply(text: str) -> dict[str, dict[str, Any]]:
     """``{dim: {"score", "reason"}}`` for all four dimensions, else :class:`ReplyError` (all or nothing)."""
-    obj = extract_json(text)
-    if not isinstance(obj, dict):
-        raise ReplyError("reply is not a JSON object")
+    obj = extract_json_object(text)
     if isinstance(obj.get("scores"), dict):  # tolerate {"scores": {...}}
         obj = obj["scores"]
     lowered = {str(k).strip().lower().replace(" ", "_").replace("-", "_"): v for k, v in obj.items()}
@@ -158,9 +132,7 @@ def parse_quality_reply(text: str) -> dict[str, dict[str, Any]]:
 
 
 def parse_citation_reply(text: str) -> dict[str, str]:
-    obj = extract_json(text)
-    if not isinstance(obj, dict):
-        raise ReplyError("reply is not a JSON object")
+    obj = extract_json_object(text)
     verdict = str(obj.get("verdict", "")).strip().lower()
     if verdict not in VERDICTS:
         raise ReplyError(f"verdict {obj.get('verdict')!r} is not one of {list(VERDICTS)}")
@@ -168,95 +140,23 @@ def parse_citation_reply(text: str) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------------- client
-@dataclass
-class Outcome:
-    """A judge request's result: ``value`` on success, else ``error`` (the last failure's kind)."""
-
-    value: Any = None
-    error: str | None = None
-    attempts: int = 0
-    detail: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
+Outcome = ChatOutcome  # a judge request's result: value, or error kind + detail; attempts = HTTP requests
 
 
-class _Failure(Exception):
-    def __init__(self, kind: str, detail: str = "", retry: bool = True):
-        super().__init__(detail or kind)
-        self.kind, self.detail, self.retry = kind, detail, retry
+class JudgeClient(ChatClient):
+    """The judge's OpenAI-compatible endpoint: the shared SDK client with the judge's defaults.
 
-
-class JudgeClient:
-    """Minimal OpenAI-compatible ``POST {base_url}/chat/completions`` client with bounded retries."""
+    Transport retries use the openai SDK's backoff (0.5 s doubling, with jitter, honouring
+    ``Retry-After``).
+    """
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, *, timeout_s: float = 60.0,
-                 max_retries: int = 2, backoff_s: float = 1.0, temperature: float = 0.0,
+                 max_retries: int = 2, temperature: float = 0.0,
                  max_tokens: int | None = 1024) -> None:
-        if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"--judge-base-url must start with http:// or https://, got {base_url!r}")
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.base_url, self.model, self.api_key = base_url, model, api_key
-        self.timeout_s, self.max_retries, self.backoff_s = float(timeout_s), int(max_retries), float(backoff_s)
-        self.temperature, self.max_tokens = float(temperature), max_tokens
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self.num_requests = 0
-
-    def _session(self) -> requests.Session:
-        s = getattr(self._local, "session", None)
-        if s is None:
-            s = self._local.session = requests.Session()
-        return s
-
-    def _post(self, messages: list[dict]) -> str:
-        payload: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": self.temperature}
-        if self.max_tokens:
-            payload["max_tokens"] = int(self.max_tokens)
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        with self._lock:
-            self.num_requests += 1
-        try:
-            resp = self._session().post(self.url, json=payload, headers=headers, timeout=self.timeout_s)
-        except requests.Timeout as exc:
-            raise _Failure("timeout", str(exc)) from None
-        except requests.RequestException as exc:
-            raise _Failure("connection", str(exc)) from None
-        if resp.status_code >= 400:
-            retry = resp.status_code >= 500 or resp.status_code in (408, 429)
-            raise _Failure(f"http_{resp.status_code}", resp.text[:200], retry=retry)
-        try:
-            content = resp.json()["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise _Failure("bad_response", resp.text[:200]) from None
-        if not isinstance(content, str):
-            raise _Failure("bad_response", f"content is {type(content).__name__}")
-        return content
-
-    def ask(self, messages: list[dict], parse: Callable[[str], Any]) -> Outcome:
-        """Send, parse; retry failures up to ``max_retries`` times; never raises for judge failures."""
-        out = Outcome()
-        for attempt in range(self.max_retries + 1):
-            if attempt and self.backoff_s > 0:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            out.attempts = attempt + 1
-            try:
-                out.value, out.error, out.detail = parse(self._post(messages)), None, ""
-                return out
-            except ReplyError as exc:
-                out.error, out.detail = "unparseable", str(exc)
-            except _Failure as exc:
-                out.error, out.detail = exc.kind, exc.detail
-                if not exc.retry:
-                    break
-            log.debug("judge attempt %d failed: %s %s", attempt + 1, out.error, out.detail[:120])
-        log.warning("judge request missing after %d attempt(s): %s %s", out.attempts, out.error, out.detail[:120])
-        return out
+        super().__init__(base_url, model, api_key, timeout_s=timeout_s, max_retries=max_retries,
+                         temperature=temperature, max_tokens=max_tokens)
 
 
 # ---------------------------------------------------------------------------------------- statements

@@ -34,6 +34,7 @@ STAT_KEYS: tuple[str, ...] = (
     "answer_valid_rate",
     "tool_calls_mean",
     "entropy",
+    "verification_depth_mean",  # evaluator searches per scoring (compare with min_number_of_tool_call)
 )
 
 

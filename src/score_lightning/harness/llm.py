@@ -1,14 +1,16 @@
 """The paper's meta-harness: an external LLM behind an OpenAI-compatible chat-completions API.
 
-Every refresh sends the training statistics and the current constraints; the LLM replies with a
-JSON object in the meta-harness schema, which is validated by ``HarnessState.from_dict``. The
-trainer must never stall or crash because this backend is slow, down or creative, so *any*
-failure (timeout, connection error, HTTP error, unparsable or schema-violating reply) keeps the
-previous state unchanged, counts ``failures``, records ``last_error`` and logs a warning.
+Every refresh sends the training statistics, the constraints in force (and, when configured, the
+base constraints to relax back to); the LLM replies with a JSON object in the meta-harness schema,
+validated by ``HarnessState.from_dict``. As in the paper, the reply may also replace the candidate
+dimension pool (``allow_pool_edits``); a pool edit is checked by :func:`validate_pool`.
 
-Retries (``max_retries``) cover transient failures: timeouts, connection errors, HTTP 429/5xx,
-and invalid replies (the retry tells the model what was wrong, which fixes most schema slips).
-Other 4xx errors (bad key, unknown model) are not retried: they will not fix themselves.
+The trainer must never stall or crash because this backend is slow, down or creative, so *any*
+failure (timeout, connection error, HTTP error, unparsable, truncated or schema-violating reply)
+keeps the previous state unchanged, counts ``failures``, records ``last_error`` and logs a warning.
+Retries: the ``openai`` SDK retries transport failures (connection, timeout, 408/409/429/5xx);
+an invalid reply is re-asked with the reason (:class:`~score_lightning.harness.chat.ChatClient`),
+both up to ``max_retries`` times. Other 4xx errors (bad key, unknown model) are not retried.
 """
 
 from __future__ import annotations
@@ -17,17 +19,21 @@ import json
 import logging
 import os
 import re
-import time
 from typing import Any, Mapping
 
-import requests
-
 from score_lightning.harness.base import clean_stats
+from score_lightning.harness.chat import ChatClient, extract_json_object
 from score_lightning.harness.state import HarnessState, HarnessStateError
+
+__all__ = ["LLMHarness", "extract_json_object", "parse_reply", "system_prompt", "validate_pool"]
 
 log = logging.getLogger(__name__)
 
-SYSTEM_PROMPT = """\
+#: Dimension names an edited pool may use: they appear in rubric XML and TensorBoard tags.
+POOL_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{1,39}$")
+MAX_DEFINITION_CHARS = 300
+
+_INTRO = """\
 You are the meta-harness of SCORE, a training method in which one language model acts both as a \
 solver (writing deep-research reports with a search tool) and as an evaluator (choosing a rubric, \
 verifying claims by search, and scoring the reports). You are NOT trained. Every few training steps \
@@ -42,14 +48,32 @@ Reply with exactly one JSON object and nothing else, in this schema:
 "weight_min": number, "weight_max": number},
  "process_constraints": {"require_gap_analysis": bool, "require_verification": bool, \
 "citation_cross_check": bool, "min_number_of_tool_call": int},
- "notes": "one or two sentences to the evaluator explaining what to focus on and why"}
+ "notes": "one or two sentences to the evaluator explaining what to focus on and why"%s}
 Rules: 1 <= k <= pool size; len(must_include) <= k; 0 <= weight_min <= weight_max <= 1; \
-k*weight_min <= 1 <= k*weight_max; 0 <= min_number_of_tool_call <= 10. Do not include \
-"dimension_pool" or "version".
+k*weight_min <= 1 <= k*weight_max; 0 <= min_number_of_tool_call <= 10. Do not include "version".
+"""
 
+_POOL_EDITS = """
+The candidate dimension pool is yours to edit. To change it, add "dimension_pool": {name: one-line \
+definition, ...} with the WHOLE new pool: it replaces the current pool, so repeat every dimension \
+you keep, with its definition. Omit "dimension_pool" to keep the pool as it is (the usual case). \
+Names are lowercase snake_case (a letter, then 1-39 letters, digits or _); definitions are one \
+non-empty line; the pool has 2 to %d dimensions and must contain every must_include name; k must \
+not exceed its size. Add a dimension when the statistics show a failure the current dimensions \
+cannot score (e.g. reports gaming something no dimension checks); remove one that rubrics never \
+pick (dims/<name>_freq near 0 for several refreshes) or that duplicates another. Change at most \
+one or two dimensions per refresh.
+"""
+
+_NO_POOL_EDITS = '\nDo not include "dimension_pool": the pool is fixed in this run.\n'
+
+_REACTIONS = """
 How to react to the statistics (all in [0, 1] unless noted; a missing statistic means no evidence):
 - verified_rate low (evaluator rarely verifies claims by search): require_verification = true and \
 raise min_number_of_tool_call by 1; consider citation_cross_check = true.
+- verification_depth_mean (searches per scoring, a count) below min_number_of_tool_call: the \
+evaluator is not doing the searches already required; require_verification = true and state it in \
+notes, but do not raise min_number_of_tool_call further until it complies.
 - consistency high (> 0.8) or reward_std very low (< 0.05): the rubric is saturated and no longer \
 separates reports; raise k by 1 and require_gap_analysis = true.
 - rubric_valid_rate low: the evaluator cannot satisfy the weight bounds; widen them (lower \
@@ -58,12 +82,21 @@ weight_min, raise weight_max).
 do not tighten further this round.
 - entropy falling fast with rising reward_mean: the solver may be exploiting the evaluator; prefer \
 verification and citation cross-checks.
-- when everything is healthy, move gently back toward the current defaults; change little at a time.
+- when everything is healthy, move gently back toward base_constraints (the configured starting \
+point; if absent, keep the current constraints); change little at a time.
 """
 
 
+def system_prompt(allow_pool_edits: bool = True, max_pool_size: int = 24) -> str:
+    """The meta-harness instructions; the pool paragraph depends on whether edits are allowed."""
+    pool_key = ',\n "dimension_pool": {name: definition} (optional, see below)' if allow_pool_edits else ""
+    pool = _POOL_EDITS % max_pool_size if allow_pool_edits else _NO_POOL_EDITS
+    return _INTRO % pool_key + pool + _REACTIONS
+
+
+
 class LLMHarness:
-    """OpenAI-compatible meta-harness client (``POST {base_url}/chat/completions``)."""
+    """OpenAI-compatible meta-harness client (official ``openai`` SDK, ``chat.completions.create``)."""
 
     def __init__(
         self,
@@ -74,135 +107,102 @@ class LLMHarness:
         max_retries: int = 1,
         temperature: float = 0.0,
         max_tokens: int | None = 1024,
-        retry_backoff_s: float = 1.0,
         extra_body: Mapping[str, Any] | None = None,
+        allow_pool_edits: bool = True,
+        max_pool_size: int = 24,
+        base_state: HarnessState | Mapping[str, Any] | None = None,
     ) -> None:
-        if max_retries < 0 or timeout_s <= 0:
-            raise ValueError("harness: need max_retries >= 0 and timeout_s > 0")
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model = model
+        """``api_key_env`` names the variable holding the key (unset: a placeholder key, which local
+        servers ignore). ``base_state`` (e.g. ``${harness.initial_state}``) is shown to the LLM as the
+        state to relax back to. ``max_pool_size`` bounds an edited pool."""
+        if max_pool_size < 2:
+            raise ValueError(f"harness: max_pool_size={max_pool_size} must be >= 2")
         self.api_key_env = api_key_env
-        self.timeout_s = timeout_s
+        key = os.environ.get(api_key_env) if api_key_env else None
+        self.chat = ChatClient(base_url, model, key, timeout_s=timeout_s, max_retries=max_retries,
+                               temperature=temperature, max_tokens=max_tokens, extra_body=extra_body)
+        self.model = model
         self.max_retries = max_retries
-        self.temperature = temperature
-        self.max_tokens = max_tokens
-        self.retry_backoff_s = retry_backoff_s
-        self.extra_body = dict(extra_body or {})
+        self.allow_pool_edits = bool(allow_pool_edits)
+        self.max_pool_size = int(max_pool_size)
+        self.base_state = None if base_state is None else HarnessState.coerce(base_state)
         self.failures = 0
         self.last_error = ""
 
     # ------------------------------------------------------------------ public API
     def update(self, state: HarnessState, stats: Mapping[str, float]) -> HarnessState:
         """One refresh: a new state with version + 1, or ``state`` itself when every attempt failed."""
-        messages = self.build_messages(state, stats)
-        error = ""
-        for attempt in range(self.max_retries + 1):
-            if attempt and self.retry_backoff_s > 0:
-                time.sleep(self.retry_backoff_s * attempt)
-            try:
-                content = self._post(messages)
-            except _Permanent as exc:
-                error = str(exc)
-                break
-            except _Transient as exc:
-                error = str(exc)
-                continue
-            try:
-                return parse_reply(content, state)
-            except (HarnessStateError, ValueError) as exc:
-                error = f"invalid reply: {exc}"
-                # Show the model its own reply and the reason, so a retry can correct it.
-                messages = [*messages, {"role": "assistant", "content": content},
-                            {"role": "user", "content": f"That reply was rejected ({exc}). "
-                             "Reply again with one corrected JSON object only."}]
+        out = self.chat.ask(self.build_messages(state, stats), lambda content: parse_reply(
+            content, state, allow_pool_edits=self.allow_pool_edits, max_pool_size=self.max_pool_size))
+        if out.ok:
+            return out.value
+        transport = out.error in ("timeout", "connection") or str(out.error).startswith("http_")
         self.failures += 1
-        self.last_error = error
-        log.warning("meta-harness refresh failed (%s); keeping constraints version %d", error, state.version)
+        self.last_error = out.detail if transport else f"invalid reply: {out.detail}"
+        log.warning("meta-harness refresh failed (%s); keeping constraints version %d", self.last_error, state.version)
         return state
 
     def build_messages(self, state: HarnessState, stats: Mapping[str, float]) -> list[dict[str, str]]:
-        """System prompt plus one user message with the statistics and the current constraints.
+        """System prompt plus one user message with the statistics and the constraints in force.
 
-        The pool is sent as names only: definitions are long and the harness never picks dimensions.
+        The pool goes with its definitions only when the LLM may edit it (it must resend it whole);
+        otherwise names suffice, since the harness never picks dimensions.
         """
-        current = state.to_dict(include_pool=False)
-        current.pop("version", None)
-        payload = {
+        payload: dict[str, Any] = {
             "statistics": {k: round(v, 4) for k, v in sorted(clean_stats(stats).items())},
-            "current_constraints": current,
-            "dimension_pool": list(state.dimension_pool),
-            "refresh": state.version + 1,
+            "current_constraints": _constraints(state),
         }
+        if self.base_state is not None:
+            payload["base_constraints"] = _constraints(self.base_state)
+        payload["dimension_pool"] = dict(state.dimension_pool) if self.allow_pool_edits else list(state.dimension_pool)
+        payload["refresh"] = state.version + 1
         user = (
             "Training statistics over the last window and the constraints currently in force:\n"
             + json.dumps(payload, indent=2)
             + "\nReply with the new constraints as one JSON object."
         )
-        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+        return [{"role": "system", "content": system_prompt(self.allow_pool_edits, self.max_pool_size)},
+                {"role": "user", "content": user}]
 
-    # ------------------------------------------------------------------ HTTP
-    def _post(self, messages: list[dict[str, str]]) -> str:
-        body: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": self.temperature}
-        if self.max_tokens is not None:
-            body["max_tokens"] = self.max_tokens
-        body.update(self.extra_body)
-        headers = {"Content-Type": "application/json"}
-        key = os.environ.get(self.api_key_env) if self.api_key_env else None
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        try:
-            resp = requests.post(self.url, json=body, headers=headers, timeout=self.timeout_s)
-        except requests.Timeout as exc:
-            raise _Transient(f"timeout: no reply from {self.url} within {self.timeout_s}s") from exc
-        except requests.ConnectionError as exc:
-            raise _Transient(f"connection error to {self.url}: {exc}") from exc
-        except requests.RequestException as exc:
-            raise _Permanent(f"request to {self.url} failed: {exc}") from exc
-        if resp.status_code >= 400:
-            msg = f"HTTP {resp.status_code} from {self.url}: {resp.text[:200]}"
-            if resp.status_code == 429 or resp.status_code >= 500:
-                raise _Transient(msg)
-            raise _Permanent(msg)
-        try:
-            content = resp.json()["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise _Transient(f"malformed response (missing choices[0].message.content): {resp.text[:200]}") from exc
-        if not isinstance(content, str):
-            raise _Transient("malformed response: choices[0].message.content is not a string")
-        return content
+    def close(self) -> None:
+        self.chat.close()
 
 
-class _Transient(Exception):
-    """Worth retrying."""
+def _constraints(state: HarnessState) -> dict[str, Any]:
+    d = state.to_dict(include_pool=False)
+    d.pop("version", None)
+    return d
 
 
-class _Permanent(Exception):
-    """Retrying cannot help (bad key, unknown model, invalid request)."""
+def validate_pool(pool: Any, max_pool_size: int = 24) -> dict[str, str]:
+    """A pool edit from an LLM reply, checked; definitions stripped. Raises ``HarnessStateError``."""
+    if not isinstance(pool, dict):
+        raise HarnessStateError("dimension_pool: must be an object {name: one-line definition}")
+    if not 2 <= len(pool) <= max_pool_size:
+        raise HarnessStateError(f"dimension_pool: has {len(pool)} dimensions; allowed 2 to {max_pool_size}")
+    out: dict[str, str] = {}
+    for name, definition in pool.items():
+        if not POOL_NAME_RE.match(name):
+            raise HarnessStateError(f"dimension_pool: name {name!r} must match {POOL_NAME_RE.pattern}")
+        text = definition.strip() if isinstance(definition, str) else ""
+        if not text or "\n" in text or len(text) > MAX_DEFINITION_CHARS:
+            raise HarnessStateError(
+                f"dimension_pool.{name}: definition must be one non-empty line of at most {MAX_DEFINITION_CHARS} chars")
+        out[name] = text
+    return out
 
 
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
-
-
-def extract_json_object(text: str) -> dict[str, Any]:
-    """The first JSON object in ``text``; tolerates ```json fences, prose and ``<think>`` blocks."""
-    text = _THINK.sub("", text)
-    decoder = json.JSONDecoder()
-    for match in re.finditer(r"\{", text):
-        try:
-            obj, _ = decoder.raw_decode(text, match.start())
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict):
-            return obj
-    raise ValueError(f"no JSON object in reply: {text[:200]!r}")
-
-
-def parse_reply(content: str, state: HarnessState) -> HarnessState:
-    """Validate an LLM reply against the schema; the pool stays from ``state`` unless given."""
+def parse_reply(content: str, state: HarnessState, *, allow_pool_edits: bool = True,
+                max_pool_size: int = 24) -> HarnessState:
+    """Validate an LLM reply against the schema; keys it omits (the pool too) stay from ``state``."""
     data = extract_json_object(content)
     data.pop("version", None)  # the harness, not the LLM, counts refreshes
-    if "dimension_constraints" not in data and "process_constraints" not in data:
-        raise HarnessStateError("reply has neither dimension_constraints nor process_constraints")
-    new = HarnessState.from_dict(data, base=state)
+    if not {"dimension_constraints", "process_constraints", "dimension_pool"} & set(data):
+        raise HarnessStateError("reply has none of dimension_constraints, process_constraints, dimension_pool")
+    if "dimension_pool" in data:
+        if not allow_pool_edits:
+            raise HarnessStateError("dimension_pool: pool edits are disabled in this run; omit dimension_pool")
+        data["dimension_pool"] = validate_pool(data["dimension_pool"], max_pool_size)
+    new = HarnessState.from_dict(data, base=state)  # must_include within the pool, k <= pool size
     new.version = state.version + 1
     return new

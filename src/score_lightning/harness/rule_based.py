@@ -4,14 +4,18 @@ The paper uses an external LLM as the meta-harness. These rules encode the same 
 network dependency (CPU runs, CI, ablations with a reproducible harness). Each rule reads one
 statistic; a missing or non-finite statistic skips the rule (it neither tightens nor eases).
 
+Every rule tightens away from, and relaxes back towards, the *base state*: the configured
+``harness.initial_state`` (``base_state``; the ``HarnessState`` defaults when none is given). A
+healthy run therefore keeps exactly the configured constraints; "base" below means that state.
+
 | rule | condition (defaults) | change |
 | --- | --- | --- |
 | verification | ``verified_rate < low_verified`` (0.5) | ``min_number_of_tool_call += 1`` (at most ``max_tool_calls``), ``require_verification = True`` |
-| verification eases | ``verified_rate >= recover_verified`` (0.8) | ``min_number_of_tool_call -= 1`` while above ``base_min_tool_calls`` |
+| verification eases | ``verified_rate >= recover_verified`` (0.8) | ``min_number_of_tool_call`` one step towards base; once there, ``require_verification`` returns to base |
 | saturation | ``consistency > high_consistency`` (0.8) or ``reward_std < high_reward_std_floor`` (0.05) | ``k += 1`` (at most ``min(max_k, pool size)``), ``require_gap_analysis = True`` |
-| saturation eases | every present one of ``consistency <= recover_consistency`` (0.6), ``reward_std >= recover_reward_std`` (0.1) | ``k -= 1`` while above ``base_k``; at ``base_k`` ``require_gap_analysis`` returns to ``base_require_gap_analysis`` |
+| saturation eases | every present one of ``consistency <= recover_consistency`` (0.6), ``reward_std >= recover_reward_std`` (0.1) | ``k`` one step towards base; once there, ``require_gap_analysis`` returns to base |
 | rubric validity | ``rubric_valid_rate < low_rubric_valid`` (0.5) | ``weight_min = max(0, weight_min - 0.05)``, ``weight_max = min(1, weight_max + 0.1)`` |
-| rubric validity eases | ``rubric_valid_rate >= recover_rubric_valid`` (0.8) | ``weight_min += 0.05`` up to ``base_weight_min``, ``weight_max -= 0.1`` down to ``base_weight_max`` |
+| rubric validity eases | ``rubric_valid_rate >= recover_rubric_valid`` (0.8) | ``weight_min`` one step (0.05) and ``weight_max`` one step (0.1) towards base |
 | feasibility (always) | ``k * weight_min > 1`` or ``k * weight_max < 1`` | ``weight_min`` down to ``floor(100/k)/100``, ``weight_max`` up to ``ceil(100/k)/100`` |
 
 Why these directions: low verification means the evaluator scores without checking, so the
@@ -20,8 +24,12 @@ consistency, or rewards that no longer separate the K reports) means the rubric 
 informative - more dimensions and an explicit gap analysis make it discriminate again. Invalid
 rubrics usually fail the weight bounds, so the bounds are relaxed until the evaluator can comply.
 The "eases" rows use separate, stricter thresholds (hysteresis) so a statistic hovering near a
-trigger does not make the constraints oscillate every refresh; they only ever move back towards
-the ``base_*`` values, never beyond them.
+trigger does not make the constraints oscillate every refresh; they move one step per refresh
+towards the base and never past it. (A value on the other side of base, e.g. from a checkpoint
+of a run configured differently, is also brought back to the configured base.)
+
+``verification_depth_mean`` is not used: ``verified_rate`` already measures the share of scorings
+that searched at least ``verifier.min_search_depth`` times, which is what the verifier acts on.
 
 The harness never chooses concrete dimensions or weights: ``must_include`` and the pool are kept
 as they are. Every output validates (``HarnessState.validate``), and ``notes`` says which rules fired.
@@ -32,18 +40,22 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from score_lightning.harness.base import clean_stats
-from score_lightning.harness.state import DimensionConstraints, HarnessState, ProcessConstraints
-
-_DC_DEFAULTS = DimensionConstraints()
-_PC_DEFAULTS = ProcessConstraints()
+from score_lightning.harness.state import HarnessState
 
 
 def _r(x: float) -> float:
     """Round away binary noise (0.1 - 0.05 = 0.05000000000000001) so configs and tests read cleanly."""
     return round(x, 6)
+
+
+def _toward(value: float, base: float, step: float) -> float:
+    """``value`` moved by at most ``step`` towards ``base``, never past it."""
+    if value > base:
+        return max(base, value - step)
+    return min(base, value + step)
 
 
 @dataclass
@@ -63,6 +75,7 @@ class RuleBasedHarness:
 
     def __init__(
         self,
+        base_state: HarnessState | Mapping[str, Any] | None = None,
         low_verified: float = 0.5,
         high_consistency: float = 0.8,
         high_reward_std_floor: float = 0.05,
@@ -75,12 +88,9 @@ class RuleBasedHarness:
         recover_rubric_valid: float = 0.8,
         weight_min_step: float = 0.05,
         weight_max_step: float = 0.1,
-        base_k: int = _DC_DEFAULTS.k,
-        base_min_tool_calls: int = _PC_DEFAULTS.min_number_of_tool_call,
-        base_weight_min: float = _DC_DEFAULTS.weight_min,
-        base_weight_max: float = _DC_DEFAULTS.weight_max,
-        base_require_gap_analysis: bool = _PC_DEFAULTS.require_gap_analysis,
     ) -> None:
+        """``base_state``: the configured initial state (a ``HarnessState`` or a mapping in its JSON
+        schema, e.g. Hydra's ``${harness.initial_state}``) that every easing rule returns to."""
         if recover_verified < low_verified or recover_rubric_valid < low_rubric_valid:
             raise ValueError("harness: recover_* thresholds must not be below the matching low_* trigger")
         if recover_consistency > high_consistency or recover_reward_std < high_reward_std_floor:
@@ -99,11 +109,15 @@ class RuleBasedHarness:
         self.recover_rubric_valid = recover_rubric_valid
         self.weight_min_step = weight_min_step
         self.weight_max_step = weight_max_step
-        self.base_k = base_k
-        self.base_min_tool_calls = base_min_tool_calls
-        self.base_weight_min = base_weight_min
-        self.base_weight_max = base_weight_max
-        self.base_require_gap_analysis = base_require_gap_analysis
+        base = HarnessState.coerce(base_state)
+        dc, pc = base.dimension_constraints, base.process_constraints
+        self.base_state = base
+        self.base_k = dc.k
+        self.base_weight_min = dc.weight_min
+        self.base_weight_max = dc.weight_max
+        self.base_min_tool_calls = pc.min_number_of_tool_call
+        self.base_require_verification = pc.require_verification
+        self.base_require_gap_analysis = pc.require_gap_analysis
         self.failures = 0  # rules cannot fail; kept for the MetaHarness protocol
         self.last_error = ""
 
@@ -114,10 +128,12 @@ class RuleBasedHarness:
         dc, pc = state.dimension_constraints, state.process_constraints
         w = _Work(dc.k, dc.weight_min, dc.weight_max, pc.min_number_of_tool_call,
                   pc.require_verification, pc.require_gap_analysis)
-        k_cap = max(dc.k, min(self.max_k, len(state.dimension_pool)))  # a cap never shrinks k
+        pool_size = len(state.dimension_pool)
+        k_cap = max(dc.k, min(self.max_k, pool_size))  # a cap never shrinks k
+        k_base = min(max(self.base_k, len(dc.must_include)), pool_size)  # the base k this pool allows
         notes: list[str] = []
         self._verification(s, w, notes)
-        self._saturation(s, w, k_cap, notes)
+        self._saturation(s, w, k_cap, k_base, notes)
         self._rubric_validity(s, w, notes)
         self._feasibility(w, len(dc.must_include), len(state.dimension_pool), notes)
         if not notes:
@@ -153,12 +169,16 @@ class RuleBasedHarness:
                 f"verified_rate {rate:.2f} < {self.low_verified:.2f}: verify claims by search, "
                 f"min_number_of_tool_call {before}->{w.min_tool_calls}"
             )
-        elif rate >= self.recover_verified and w.min_tool_calls > self.base_min_tool_calls:
-            before = w.min_tool_calls
-            w.min_tool_calls = before - 1
-            notes.append(f"verified_rate {rate:.2f} recovered: min_number_of_tool_call {before}->{w.min_tool_calls}")
+        elif rate >= self.recover_verified:
+            if w.min_tool_calls != self.base_min_tool_calls:
+                before = w.min_tool_calls
+                w.min_tool_calls = int(_toward(before, self.base_min_tool_calls, 1))
+                notes.append(f"verified_rate {rate:.2f} recovered: min_number_of_tool_call {before}->{w.min_tool_calls}")
+            if w.min_tool_calls == self.base_min_tool_calls and w.require_verification != self.base_require_verification:
+                w.require_verification = self.base_require_verification
+                notes.append(f"require_verification back to {str(self.base_require_verification).lower()}")
 
-    def _saturation(self, s: dict[str, float], w: _Work, k_cap: int, notes: list[str]) -> None:
+    def _saturation(self, s: dict[str, float], w: _Work, k_cap: int, k_base: int, notes: list[str]) -> None:
         cons, std = s.get("consistency"), s.get("reward_std")
         if cons is None and std is None:
             return
@@ -178,11 +198,11 @@ class RuleBasedHarness:
         )
         if not healthy:
             return
-        if w.k > self.base_k:
+        if w.k != k_base:
             before = w.k
-            w.k = before - 1
+            w.k = int(_toward(before, k_base, 1))
             notes.append(f"rewards discriminate again: k {before}->{w.k}")
-        if w.k <= self.base_k and w.require_gap_analysis != self.base_require_gap_analysis:
+        if w.k == k_base and w.require_gap_analysis != self.base_require_gap_analysis:
             w.require_gap_analysis = self.base_require_gap_analysis
             notes.append(f"require_gap_analysis back to {str(self.base_require_gap_analysis).lower()}")
 
@@ -199,10 +219,8 @@ class RuleBasedHarness:
                 f"[{before[0]:g}, {before[1]:g}] -> [{w.weight_min:g}, {w.weight_max:g}]"
             )
         elif rate >= self.recover_rubric_valid:
-            if w.weight_min < self.base_weight_min:
-                w.weight_min = _r(min(self.base_weight_min, w.weight_min + self.weight_min_step))
-            if w.weight_max > self.base_weight_max:
-                w.weight_max = _r(max(self.base_weight_max, w.weight_max - self.weight_max_step))
+            w.weight_min = _r(_toward(w.weight_min, self.base_weight_min, self.weight_min_step))
+            w.weight_max = _r(_toward(w.weight_max, self.base_weight_max, self.weight_max_step))
             if (w.weight_min, w.weight_max) != before:
                 notes.append(
                     f"rubric_valid_rate {rate:.2f} recovered: weight bounds "

@@ -13,7 +13,9 @@ an exponential moving average of the step's mean consistency. From that:
 
 Thresholds need ``min_count_required`` observations so a single lucky step cannot promote a
 dimension. Only dimensions in the pool are tracked: an unknown name from a malformed rubric is
-ignored rather than growing the statistics without bound.
+ignored rather than growing the statistics without bound. When the meta-harness edits the pool,
+``set_pool`` keeps the statistics of the dimensions that stay, starts new ones empty and drops
+removed ones, so the hints never name a dimension the evaluator may no longer use.
 """
 
 from __future__ import annotations
@@ -35,16 +37,12 @@ class DimensionScheduler:
         explore_below_count: int = 2,
         max_hints: int = 2,
     ) -> None:
-        names = list(dict.fromkeys(pool))  # de-duplicate, keep order
-        if not names:
-            raise ValueError("scheduler: pool must name at least one dimension")
         if not 0.0 <= ema_decay < 1.0:
             raise ValueError(f"scheduler.ema_decay={ema_decay}: must be in [0, 1)")
         if avoid_threshold > required_threshold:
             raise ValueError("scheduler: avoid_threshold must not exceed required_threshold")
         if min_count_required < 1 or explore_below_count < 0 or max_hints < 0:
             raise ValueError("scheduler: need min_count_required >= 1, explore_below_count >= 0, max_hints >= 0")
-        self.pool = names
         self.ema_decay = ema_decay
         self.min_count_required = min_count_required
         self.required_threshold = required_threshold
@@ -52,9 +50,23 @@ class DimensionScheduler:
         self.explore_below_count = explore_below_count
         self.max_hints = max_hints
         self.steps = 0
-        self.count: dict[str, int] = {d: 0 for d in names}  # steps with a consistency observation
-        self.selected: dict[str, int] = {d: 0 for d in names}  # steps the dimension was in the rubric
-        self.ema: dict[str, float | None] = {d: None for d in names}
+        self.pool: list[str] = []
+        self.count: dict[str, int] = {}  # steps with a consistency observation
+        self.selected: dict[str, int] = {}  # steps the dimension was in the rubric
+        self.ema: dict[str, float | None] = {}
+        self.set_pool(pool)
+
+    def set_pool(self, pool: Sequence[str]) -> None:
+        """Follow a pool edit: kept dimensions keep their statistics (in the new pool order), new
+        ones start empty, removed ones are dropped. ``steps`` is unchanged, so a new dimension's
+        frequency counts from the steps it could not yet be chosen (it starts at 0, like any unused one)."""
+        names = list(dict.fromkeys(pool))  # de-duplicate, keep order
+        if not names:
+            raise ValueError("scheduler: pool must name at least one dimension")
+        self.pool = names
+        self.count = {d: self.count.get(d, 0) for d in names}
+        self.selected = {d: self.selected.get(d, 0) for d in names}
+        self.ema = {d: self.ema.get(d) for d in names}
 
     # ------------------------------------------------------------------ updates
     def update_stats(self, rubric_dims: Sequence[str], consistencies: Sequence[float]) -> None:

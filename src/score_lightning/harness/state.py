@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -132,12 +133,34 @@ class HarnessState:
         return state.validate()
 
     @classmethod
+    def coerce(cls, value: "HarnessState | Mapping[str, Any] | None") -> "HarnessState":
+        """A validated copy of ``value``: a state, a mapping in the JSON schema (a plain dict or
+        Hydra's ``DictConfig``, e.g. ``${harness.initial_state}``) or ``None`` for the defaults."""
+        if value is None:
+            return cls().validate()
+        if isinstance(value, HarnessState):
+            return copy.deepcopy(value).validate()
+        if not isinstance(value, Mapping):
+            raise HarnessStateError(f"harness state must be a mapping, got {type(value).__name__}")
+        return cls.from_dict(to_plain(value))
+
+    @classmethod
     def from_json(cls, text: str, *, base: "HarnessState | None" = None) -> "HarnessState":
         try:
             data = json.loads(text)
         except (json.JSONDecodeError, TypeError) as exc:
             raise HarnessStateError(f"harness state is not valid JSON: {exc}") from exc
         return cls.from_dict(data, base=base)
+
+
+def to_plain(value: Any) -> Any:
+    """Nested mappings and sequences as plain dicts and lists, e.g. Hydra's ``DictConfig`` (which
+    resolves interpolations on access) before JSON encoding or ``from_dict``."""
+    if isinstance(value, Mapping):
+        return {str(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [to_plain(v) for v in value]
+    return value
 
 
 def _merge(obj: Any, update: Any, prefix: str) -> Any:

@@ -2,7 +2,9 @@
 
 Transient failures (timeouts, refused connections, 5xx, garbled JSON) are retried with exponential
 backoff, because one flaky request should not kill a multi-hour run; client errors (4xx) are bugs
-in the request and fail at once.
+in the request and fail at once. The retry loop is ``tenacity``'s (not urllib3's ``Retry``, which
+cannot retry a 200 whose body is garbled and whose backoff base is fixed at 2); this module only
+says what is retryable (:class:`_Retryable`) and counts attempts.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import time
 from typing import Any
 
 import requests
+import tenacity
 
 from score_lightning.retrieval.base import RetrievalError, SearchHit
 
@@ -84,21 +87,26 @@ class HTTPRetriever:
         if not queries:
             return []
         payload = {"queries": list(queries), "topk": int(topk), "return_scores": True}
-        last: str = ""
         attempts = self.max_retries + 1
-        for i in range(attempts):
-            if i > 0:
-                self._sleep(self.backoff_s * self.backoff_factor ** (i - 1))
-            try:
-                return self._attempt(payload, len(queries))
-            except _Retryable as exc:
-                last = str(exc)
-                log.warning("retrieval attempt %d/%d to %s failed: %s", i + 1, attempts, self.url, last)
-            except RetrievalError:
-                self.num_failures += 1
-                raise
-        self.num_failures += 1
-        raise RetrievalError(f"retriever at {self.url} failed after {attempts} attempts; last error: {last}")
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(_Retryable),
+            stop=tenacity.stop_after_attempt(attempts),
+            wait=tenacity.wait_exponential(multiplier=self.backoff_s, exp_base=self.backoff_factor, min=0.0),
+            sleep=lambda seconds: self._sleep(seconds),  # looked up per call: tests replace _sleep
+            before_sleep=lambda state: log.warning(
+                "retrieval attempt %d/%d to %s failed: %s", state.attempt_number, attempts, self.url,
+                state.outcome.exception() if state.outcome else "?"),
+            reraise=True,
+        )
+        try:
+            return retrying(self._attempt, payload, len(queries))
+        except _Retryable as exc:
+            self.num_failures += 1
+            raise RetrievalError(
+                f"retriever at {self.url} failed after {attempts} attempts; last error: {exc}") from exc
+        except RetrievalError:
+            self.num_failures += 1
+            raise
 
     def close(self) -> None:
         self._session.close()

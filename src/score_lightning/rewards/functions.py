@@ -1,8 +1,9 @@
 """SCORE's reward arithmetic as pure functions (plus the small stateful EMA baseline).
 
 * solver reward R_s(r) = a(r) · (1 + Σ_j w_j · s_j(r)), scores s_j in [0, 1];
-* reward verifier: a report whose evaluator search depth is below τ_s gets all scores 0, so
-  its reward falls to a(r) · 1 (the evaluator's unverified opinion is not trusted);
+* reward verifier: a report whose evaluator search depth is below τ_s gets reward 0 (Algorithm 1,
+  line 23), or, in the softer ``verifier.zero=scores`` variant, scores 0 so that its reward falls
+  to a(r) · 1 (the evaluator's unverified opinion is not trusted);
 * evaluator reward: consistency C_i = mean over pairs k<l of TF-IDF cosine of the K reports'
   conclusions, R_eval = mean_i C_i;
 * EMA baseline for the evaluator's REINFORCE advantage: Â = R − b_{t−1}, b_t = β b_{t−1} + (1−β) R.
@@ -22,22 +23,24 @@ from sklearn.metrics.pairwise import cosine_similarity
 from torch import Tensor
 
 
-def apply_verifier(scores: Tensor, depth: Tensor, min_depth: int, enabled: bool = True) -> tuple[Tensor, Tensor]:
-    """Zero the score rows of reports whose verification depth is below ``min_depth``.
+def apply_verifier(values: Tensor, depth: Tensor, min_depth: int, enabled: bool = True) -> tuple[Tensor, Tensor]:
+    """Zero the rows of reports whose verification depth is below ``min_depth`` (the reward verifier).
 
-    ``scores`` is ``[N, k]``, ``depth`` ``[N]`` (number of evaluator searches behind each score).
-    Returns ``(scores', verified)`` with ``verified = depth >= min_depth`` (bool ``[N]``). With
-    ``enabled=False`` (the "no verifier" ablation) the scores come back unchanged but ``verified``
-    is still reported, so the verified rate stays observable in the ablation. Never in-place.
+    ``values`` is ``[N]`` (rewards: Algorithm 1, line 23 sets s_i^k to 0) or ``[N, k]`` (scores:
+    the softer variant that keeps a(r)); ``depth`` is ``[N]``, the number of evaluator searches
+    behind each report's scores. Returns ``(values', verified)`` with ``verified = depth >= min_depth``
+    (bool ``[N]``). With ``enabled=False`` (the "no verifier" ablation) the values come back unchanged
+    but ``verified`` is still reported, so the verified rate stays observable. Never in-place.
     """
-    if scores.dim() != 2 or depth.dim() != 1 or scores.shape[0] != depth.shape[0]:
+    if values.dim() not in (1, 2) or depth.dim() != 1 or values.shape[0] != depth.shape[0]:
         raise ValueError(
-            f"apply_verifier: need scores [N,k] and depth [N], got {tuple(scores.shape)} and {tuple(depth.shape)}"
+            f"apply_verifier: need values [N] or [N,k] and depth [N], got {tuple(values.shape)} and {tuple(depth.shape)}"
         )
     verified = depth >= min_depth
     if not enabled:
-        return scores.clone(), verified
-    return torch.where(verified.unsqueeze(-1), scores, torch.zeros_like(scores)), verified
+        return values.clone(), verified
+    keep = verified.unsqueeze(-1) if values.dim() == 2 else verified
+    return torch.where(keep, values, torch.zeros_like(values)), verified
 
 
 def solver_reward(validity: Tensor, scores: Tensor, weights: Tensor) -> Tensor:
@@ -53,6 +56,25 @@ def solver_reward(validity: Tensor, scores: Tensor, weights: Tensor) -> Tensor:
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
     weighted = (weights.to(scores.dtype) * scores).sum(dim=-1)
     return validity.to(scores.dtype) * (1.0 + weighted)
+
+
+def verified_rewards(
+    validity: Tensor, scores: Tensor, weights: Tensor, depth: Tensor, min_depth: int,
+    enabled: bool = True, zero: str = "reward",
+) -> tuple[Tensor, Tensor, Tensor]:
+    """R_s with the reward verifier: ``(rewards [N], scores [N,k] as used, verified [N])``.
+
+    ``zero="reward"`` (Algorithm 1, line 23): an under-verified report's reward is 0, so the group
+    advantages see it as the worst report. ``zero="scores"``: only its scores are 0 and it keeps
+    the validity term a(r), the softer variant.
+    """
+    if zero not in ("reward", "scores"):
+        raise ValueError(f"verifier.zero={zero!r}: allowed 'reward' or 'scores'")
+    if zero == "scores":
+        scores, verified = apply_verifier(scores, depth, min_depth, enabled)
+        return solver_reward(validity, scores, weights), scores, verified
+    rewards, verified = apply_verifier(solver_reward(validity, scores, weights), depth, min_depth, enabled)
+    return rewards, scores, verified
 
 
 def pairwise_tfidf_consistency(conclusions: Sequence[str]) -> float:
@@ -81,6 +103,20 @@ def group_consistency(groups: Sequence[Sequence[str]]) -> tuple[list[float], flo
         raise ValueError("group_consistency needs at least one group")
     per_query = [pairwise_tfidf_consistency(g) for g in groups]
     return per_query, math.fsum(per_query) / len(per_query)
+
+
+def consistency_over_valid(conclusions: Sequence[str], valid: Sequence[bool], min_valid: int = 2) -> float | None:
+    """C_i over the group's *valid* reports only; ``None`` when fewer than ``min_valid`` are valid.
+
+    Consistency is meant to measure how reproducible the solver's conclusions are under a rubric.
+    An invalid report (no answer, truncated, uncited) has no conclusion to compare; counting it as
+    an empty text would make C_i track the format failure rate instead. A group with fewer than two
+    valid reports has no pair and says nothing about reproducibility, so it is left out of R_eval.
+    """
+    kept = [c for c, ok in zip(conclusions, valid) if ok]
+    if len(kept) < max(2, min_valid):
+        return None
+    return pairwise_tfidf_consistency(kept)
 
 
 class EMABaseline:

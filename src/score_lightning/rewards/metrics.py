@@ -3,7 +3,8 @@
 Each metric keeps a *sum* and a *count* (both reduced with ``sum``), and ``compute`` divides
 them. That gives the pooled mean over every item seen on every rank, not a mean of per-rank
 means (which would over-weight a rank that saw fewer items). ``compute`` on an empty metric
-returns 0.0 rather than NaN so that a step without items cannot trip NaN guards in the logs.
+returns NaN: "no item on any rank" (e.g. no group with two valid reports, so no consistency) must
+not read as a measured 0. The trainer skips non-finite values when it logs.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from score_lightning.rewards.functions import apply_verifier, citation_validity, group_consistency, solver_reward
+from score_lightning.rewards.functions import citation_validity, group_consistency, solver_reward, verified_rewards
 
 
 class _MeanMetric(Metric):
@@ -35,29 +36,28 @@ class _MeanMetric(Metric):
 
     def compute(self) -> Tensor:
         if int(self.count) == 0:
-            return torch.zeros((), dtype=torch.float64, device=self.total.device)
+            return torch.full((), float("nan"), dtype=torch.float64, device=self.total.device)
         return self.total / self.count
 
 
 class RubricReward(_MeanMetric):
-    """Mean solver reward R_s over reports, optionally after the reward verifier."""
+    """Mean solver reward R_s over reports, optionally after the reward verifier (as in training)."""
 
-    def update(
-        self,
-        validity: Tensor,
-        scores: Tensor,
-        weights: Tensor,
-        depth: Tensor | None = None,
-        min_depth: int = 0,
-    ) -> None:
-        if depth is not None:
-            scores, _ = apply_verifier(scores, depth, min_depth)
-        rewards = solver_reward(validity, scores, weights)
+    def update(self, validity: Tensor, scores: Tensor, weights: Tensor, depth: Tensor | None = None,
+               min_depth: int = 0, zero: str = "reward") -> None:
+        if depth is None:
+            rewards = solver_reward(validity, scores, weights)
+        else:
+            rewards, _, _ = verified_rewards(validity, scores, weights, depth, min_depth, True, zero)
         self._accumulate(rewards.detach().double().sum(), rewards.numel())
 
 
 class Consistency(_MeanMetric):
-    """Mean per-query consistency C_i (the evaluator reward R_eval, pooled over queries)."""
+    """Mean per-query consistency C_i over the groups given (the evaluator reward R_eval, pooled).
+
+    Pass only groups that have a consistency (two or more valid reports' conclusions, see
+    ``consistency_over_valid``); ``compute`` is NaN when no rank had one.
+    """
 
     def update(self, groups: Sequence[Sequence[str]]) -> None:
         if len(groups) == 0:

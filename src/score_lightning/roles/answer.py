@@ -23,10 +23,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from score_lightning.data.corpus import LOADABLE_ID_RE
 from score_lightning.protocol import ANSWER_CLOSE, ANSWER_OPEN, OBS_CLOSE, OBS_OPEN, SEARCH_CLOSE, SEARCH_OPEN
 
-#: A citation of a corpus document id, e.g. ``[json.dumps]`` or ``[doc_12]``.
-CITATION_RE = re.compile(r"\[([A-Za-z_][A-Za-z0-9_.\-]*)\]")
+#: A citation of a corpus document id, e.g. ``[json.dumps]``, ``[doc_12]`` or ``[123]`` (Search-R1 /
+#: wiki-18 ids are numbers): exactly the ids ``load_corpus`` accepts, so every loadable id is citable.
+CITATION_RE = re.compile(rf"\[({LOADABLE_ID_RE.pattern})\]")
 
 _NESTED_TAGS = (SEARCH_OPEN, SEARCH_CLOSE, ANSWER_OPEN, OBS_OPEN, OBS_CLOSE)
 _CONCLUSION_MARKER_RE = re.compile(

@@ -36,6 +36,9 @@ from score_lightning.roles.rubric import Rubric, format_weight
 
 Message = dict[str, str]
 
+#: The solver prompt's request for a final conclusion line (``solver.conclusion_line``).
+CONCLUSION_INSTRUCTION = "- End the report with a line 'Conclusion: <your one-sentence answer>'.\n"
+
 SOLVER_SYSTEM = (
     "You are a deep-research assistant. Answer the question from a document corpus.\n"
     f"- Think inside {THINK_OPEN}...{THINK_CLOSE}.\n"
@@ -43,7 +46,7 @@ SOLVER_SYSTEM = (
     f"results come back in {OBS_OPEN}...{OBS_CLOSE}. At most {{max_tool_calls}} searches.\n"
     f"- Finish with the report in {ANSWER_OPEN}...{ANSWER_CLOSE}. Back each claim with the id of a "
     "retrieved document in square brackets, e.g. [json.dumps]; cite only documents you retrieved.\n"
-    "- End the report with a line 'Conclusion: <your one-sentence answer>'.\n"
+    + CONCLUSION_INSTRUCTION +
     "The report is scored on the rubric given with the question."
 )
 
@@ -111,15 +114,20 @@ def _notes(state: HarnessState) -> str:
     return f"\nHarness notes: {state.notes.strip()}" if state.notes.strip() else ""
 
 
-def solver_messages(query: str, rubric: Rubric, state: HarnessState, max_tool_calls: int) -> list[Message]:
-    """System: the tag protocol and budget. User: the question and the rubric it will be judged on."""
+def solver_messages(query: str, rubric: Rubric, state: HarnessState, max_tool_calls: int,
+                    conclusion_line: bool = True) -> list[Message]:
+    """System: the tag protocol and budget. User: the question and the rubric it will be judged on.
+
+    ``conclusion_line=False`` drops the request for a final ``Conclusion:`` line (the consistency
+    reward then relies on ``extract_conclusion``'s fallback rules: last paragraph or sentence).
+    """
+    system = SOLVER_SYSTEM.format(max_tool_calls=max_tool_calls)
+    if not conclusion_line:
+        system = system.replace(CONCLUSION_INSTRUCTION, "")
     user = f"Question: {query.strip()}\n\nRubric:\n{format_rubric(rubric, state)}"
     if state.process_constraints.citation_cross_check:
         user += "\nCitations will be checked against the documents you retrieved."
-    return [
-        {"role": "system", "content": SOLVER_SYSTEM.format(max_tool_calls=max_tool_calls)},
-        {"role": "user", "content": user},
-    ]
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 def rubric_messages(
@@ -128,9 +136,20 @@ def rubric_messages(
     required: Sequence[str] = (),
     avoided: Sequence[str] = (),
     explore: Sequence[str] = (),
+    evidence: Sequence[Sequence[str]] | None = None,
 ) -> list[Message]:
-    """System: the rubric format and rules. User: queries, harness constraints, scheduler hints, notes."""
-    listed = "\n".join(f"{i}. {q.strip()}" for i, q in enumerate(queries, 1))
+    """System: the rubric format and rules. User: queries, harness constraints, scheduler hints, notes.
+
+    ``evidence`` (one id list per query) is the initial evidence D_q^0 = R(q): the evaluation
+    environment is E_q = Harness(q, D_q^0, S), so the evaluator chooses its rubric knowing what the
+    corpus returns for each query (ids only: the passages themselves would crowd the prompt).
+    """
+    lines = []
+    for i, q in enumerate(queries, 1):
+        lines.append(f"{i}. {q.strip()}")
+        if evidence is not None and i - 1 < len(evidence) and evidence[i - 1]:
+            lines.append("   initial evidence: " + " ".join(f"[{d}]" for d in evidence[i - 1]))
+    listed = "\n".join(lines)
     hints = []
     if required:
         hints.append(f"include: {', '.join(required)}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import html
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from score_lightning.harness.state import HarnessState
@@ -206,13 +206,25 @@ def fallback_rubric(state: HarnessState) -> Rubric:
     return Rubric(tuple(dims), tuple(w for _ in dims))
 
 
-def rubric_token_span(token_ids: Sequence[int], close_token_id: int) -> tuple[int, int] | None:
-    """``(0, i + 1)`` for the first ``close_token_id`` at position ``i`` in the generated ids, else ``None``.
+def rubric_token_span(
+    token_ids: Sequence[int], decode: Callable[[list[int]], str], close: str = DIMENSIONS_CLOSE
+) -> tuple[int, int] | None:
+    """``(0, n)`` for the shortest prefix ``token_ids[:n]`` whose decoded text contains ``close``, else ``None``.
 
     These are the tokens whose log-probability the evaluator's REINFORCE update trains: the
-    rubric and whatever the evaluator wrote before it, but nothing after the block closes.
+    rubric and whatever the evaluator wrote before it, but nothing after the block closes. The
+    boundary is found on decoded text, not on a token id, because real tokenizers split
+    ``</dimensions>`` into several BPE pieces (and may merge its first piece with the text before
+    it). "Contains" is monotone in the prefix length, so a binary search needs O(log n) decodes.
     """
-    for i, tok in enumerate(token_ids):
-        if int(tok) == close_token_id:
-            return (0, i + 1)
-    return None
+    ids = [int(t) for t in token_ids]
+    if not ids or close not in decode(ids):
+        return None
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if close in decode(ids[:mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return (0, lo)

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from score_lightning import protocol as P
 from score_lightning.retrieval.base import RetrievalError, Retriever
-from score_lightning.rollout.engine import RolloutEngine, SamplingParams
+from score_lightning.rollout.engine import RolloutEngine, SamplingParams, is_collective
 from score_lightning.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -109,13 +109,16 @@ def run_agent(
     search_stops = TagStops(tokenizer, [P.SEARCH_CLOSE, cfg.finish_tag])
     final_stops = TagStops(tokenizer, [cfg.finish_tag])
     active = list(range(len(trajs)))
-    while active:
+    lockstep = is_collective(engine)
+    while _any_active(active, lockstep):
         # Group by whether search is still allowed: the stop set differs.
         can_search = [i for i in active if cfg.allow_search and trajs[i].tool_calls < cfg.max_tool_calls]
         final = [i for i in active if i not in set(can_search)]
         pending: list[tuple[int, str]] = []
         for group, stops in ((can_search, search_stops), (final, final_stops)):
             if not group:
+                if lockstep:  # a collective engine: join the other ranks' call with no prompts
+                    engine.generate([], SamplingParams(max_new_tokens=1, stop_token_ids=stops.token_ids))
                 continue
             budget = max(cfg.max_response_tokens - len(trajs[i].response_ids) for i in group)
             params = SamplingParams(
@@ -157,6 +160,15 @@ def run_agent(
         _answer_searches(pending, trajs, retriever, cfg, tokenizer)
         active = [i for i in active if not trajs[i].finished and not trajs[i].truncated]
     return trajs
+
+
+def _any_active(active: list[int], lockstep: bool) -> bool:
+    """Whether to run another turn; with a collective engine, while *any* rank has work left."""
+    if not lockstep:
+        return bool(active)
+    from score_lightning import distributed as D
+
+    return D.global_max(len(active)) > 0
 
 
 def _unclosed_search(segment: str) -> bool:

@@ -45,3 +45,9 @@ class RolloutEngine(Protocol):
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load new policy weights (HF name, full tensor). A colocated engine sharing the module is a no-op."""
         ...
+
+
+def is_collective(engine: RolloutEngine) -> bool:
+    """True when ``generate`` is a collective call (an HF engine on an FSDP-sharded module): every rank
+    must then call it the same number of times, with or without prompts of its own."""
+    return bool(getattr(engine, "collective", False))

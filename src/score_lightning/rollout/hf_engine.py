@@ -18,12 +18,15 @@ class HFEngine:
     """
 
     def __init__(self, model_getter: Callable[[], nn.Module], pad_token_id: int, eos_token_id: int,
-                 tokenizer=None, max_batch_size: int = 64):
+                 tokenizer=None, max_batch_size: int = 64, collective: bool = False):
         self._model_getter = model_getter
         self.pad_token_id = pad_token_id
         self.eos_token_id = eos_token_id
         self.tokenizer = tokenizer  # needed only for stop_strings
         self.max_batch_size = max_batch_size
+        #: the module is FSDP-sharded over several processes: every forward is a collective, so every
+        #: rank must make the same number of ``generate`` calls and decode in lockstep (``synced_gpus``)
+        self.collective = collective
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:  # noqa: D401
         return None
@@ -31,8 +34,20 @@ class HFEngine:
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         out: list[Generation] = []
-        for start in range(0, len(prompts), self.max_batch_size):
-            out.extend(self._generate_batch(prompts[start:start + self.max_batch_size], params))
+        chunks = [prompts[s:s + self.max_batch_size] for s in range(0, len(prompts), self.max_batch_size)]
+        if self.collective:  # ranks with fewer chunks (or none) join the others' forwards with a dummy prompt
+            from score_lightning import distributed as D
+
+            n = int(D.global_max(len(chunks)))
+            dummy = SamplingParams(max_new_tokens=1, temperature=0.0, logprobs=False)
+            for i in range(n):
+                if i < len(chunks):
+                    out.extend(self._generate_batch(chunks[i], params))
+                else:
+                    self._generate_batch([[self.eos_token_id]], dummy)
+            return out
+        for chunk in chunks:
+            out.extend(self._generate_batch(chunk, params))
         return out
 
     def _generate_batch(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
@@ -50,7 +65,7 @@ class HFEngine:
         kwargs = dict(
             input_ids=input_ids, attention_mask=attention, max_new_tokens=params.max_new_tokens,
             do_sample=sample, eos_token_id=eos, pad_token_id=self.pad_token_id, use_cache=True,
-            return_dict_in_generate=True,
+            return_dict_in_generate=True, synced_gpus=self.collective,
         )
         if sample:
             kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Sampler
 
 from score_lightning.batching import TokenBatch, build_token_batch
-from score_lightning.sft.demos import Demo
+from score_lightning.sft.demo_types import Demo
 
 
 # ---------------------------------------------------------------------------- data

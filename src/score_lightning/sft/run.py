@@ -1,14 +1,12 @@
 """``run_sft(cfg, model_path) -> Path``: the supervised cold start before SCORE, cached by its inputs.
 
-Steps: build the demonstrations (:mod:`score_lightning.sft.demos`) for the run's tokenizer,
-retriever, queries, harness state and RL budgets; fine-tune the base checkpoint on them with
-:class:`~score_lightning.sft.module.SFTModule`; optionally sample a few rubrics / trajectories /
-evaluations from the result with the real agent loop (the *probe*); save ``save_pretrained`` model
-+ tokenizer + ``sft_meta.json`` under ``sft.cache_dir/sft-<key>``.
+Steps: build the demonstrations for the run's tokenizer, retriever, queries, harness state and RL
+budgets, and fine-tune the base checkpoint on them (:mod:`score_lightning.sft.train`); optionally
+sample a few rubrics / trajectories / evaluations from the result with the real agent loop
+(:mod:`score_lightning.sft.probe`); save ``save_pretrained`` model + tokenizer + ``sft_meta.json``
+under ``sft.cache_dir/sft-<key>``.
 
-``<key>`` hashes every input that changes the result: the base checkpoint's files, the ``sft``
-config (minus knobs that do not change weights), the demo-generation and training versions, the
-corpus / retriever, the query file, the harness's initial state and the RL budgets. When that
+``<key>`` hashes every input that changes the result (:mod:`score_lightning.sft.cache`). When that
 directory exists it is reused without training. The directory is written to a temporary sibling
 and renamed into place, under a file lock, so concurrent ranks or interrupted runs never see a
 half-written checkpoint.
@@ -20,7 +18,6 @@ RL run that follows is the same whether the checkpoint was trained now or taken 
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import logging
 import math
@@ -30,105 +27,20 @@ import shutil
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from score_lightning.sft.demos import DEMO_VERSION, Demo, DemoBudgets, build_demos, demo_summary
+from score_lightning.sft.cache import META_FILE, is_complete, sft_output_path
+from score_lightning.sft.demo_types import Demo
+from score_lightning.sft.probe import probe_policy
+from score_lightning.sft.train import build_sft_demos, train_sft
 
 log = logging.getLogger(__name__)
 
-#: Bump when the training procedure changes (loss, schedule, saving), so caches are invalidated.
-SFT_FORMAT_VERSION = 1
-META_FILE = "sft_meta.json"
-#: ``sft`` keys that do not change the trained weights (excluded from the cache key)
-_NON_KEY_FIELDS = ("enabled", "cache_dir", "log_every_n_steps", "probe", "log_samples", "shared_prompt")
-#: files above this size are hashed by (size, first and last MiB) instead of their full content
-_FULL_HASH_LIMIT = 256 << 20
 
-
-# ---------------------------------------------------------------------------- hashing
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    size = path.stat().st_size
-    h.update(str(size).encode())
-    with open(path, "rb") as fh:
-        if size <= _FULL_HASH_LIMIT:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-        else:
-            h.update(fh.read(1 << 20))
-            fh.seek(size - (1 << 20))
-            h.update(fh.read(1 << 20))
-    return h.hexdigest()
-
-
-def checkpoint_digest(model_path: str | os.PathLike) -> str:
-    """Hash of a local checkpoint directory's files (names + contents); a hub id hashes as its name."""
-    p = Path(model_path)
-    if not p.is_dir():
-        return "hub:" + str(model_path)
-    h = hashlib.sha256()
-    for f in sorted(x for x in p.rglob("*") if x.is_file()):
-        h.update(str(f.relative_to(p)).encode())
-        h.update(_file_digest(f).encode())
-    return h.hexdigest()
-
-
-def _retriever_identity(cfg: DictConfig) -> dict[str, Any]:
-    r = cfg.retriever
-    if r.kind == "bm25":
-        from score_lightning.training import corpus_path
-
-        return {"kind": "bm25", "corpus": _file_digest(corpus_path(cfg))}
-    return {"kind": str(r.kind), "url": str(r.get("url"))}
-
-
-def _queries_identity(cfg: DictConfig) -> str:
-    from score_lightning.data.queries import EMBEDDED_QUERIES_PATH
-
-    path = cfg.data.get("queries_path") or EMBEDDED_QUERIES_PATH
-    return _file_digest(Path(path))
-
-
-def sft_key_inputs(cfg: DictConfig, model_path: str) -> dict[str, Any]:
-    """Everything the SFT result depends on, as a JSON-able dict (hashed into the cache key)."""
-    s = OmegaConf.to_container(cfg.sft, resolve=True)
-    for k in _NON_KEY_FIELDS:
-        s.pop(k, None)
-    return {
-        "base": checkpoint_digest(model_path),
-        "sft": s,
-        "demo_version": DEMO_VERSION,
-        "format_version": SFT_FORMAT_VERSION,
-        "retriever": _retriever_identity(cfg),
-        "queries": _queries_identity(cfg),
-        "harness_initial_state": OmegaConf.to_container(cfg.harness.initial_state, resolve=True),
-        "budgets": asdict(DemoBudgets.from_cfg(cfg)),
-        "dtype": str(cfg.model.dtype),
-    }
-
-
-def sft_cache_dir(cfg: DictConfig) -> Path:
-    d = cfg.sft.get("cache_dir")
-    return Path(d) if d else Path(cfg.paths.cache_dir) / "sft"
-
-
-def sft_output_path(cfg: DictConfig, model_path: str) -> tuple[Path, dict[str, Any]]:
-    inputs = sft_key_inputs(cfg, model_path)
-    key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return sft_cache_dir(cfg) / f"sft-{key}", inputs
-
-
-def is_complete(path: Path) -> bool:
-    return (path / META_FILE).is_file() and (path / "config.json").is_file()
-
-
-# ---------------------------------------------------------------------------- helpers
 @contextmanager
 def preserved_rng():
     """Run a block without disturbing the global torch / numpy / python RNG (nor PL_GLOBAL_SEED)."""
@@ -170,159 +82,6 @@ def _sft_logger(cfg: DictConfig):
     return TensorBoardLogger(save_dir=str(save_dir), name=str(name), version="sft", default_hp_metric=False)
 
 
-def build_sft_demos(cfg: DictConfig, tokenizer, retriever=None) -> tuple[list[Demo], dict]:
-    """The demonstrations ``run_sft`` trains on, for this config (also used by tests and probes)."""
-    from score_lightning.data.queries import load_queries
-    from score_lightning.harness.state import HarnessState
-    from score_lightning.retrieval.from_config import retriever_from_config
-
-    s = cfg.sft
-    if retriever is None:
-        retriever = retriever_from_config(cfg.retriever, cfg.paths.cache_dir)
-    queries = [q.prompt for q in load_queries(cfg.data.get("queries_path"))]
-    base = HarnessState.from_dict(OmegaConf.to_container(cfg.harness.initial_state, resolve=True))
-    per = OmegaConf.to_container(s.responses_per_prompt, resolve=True) if s.get("responses_per_prompt") else None
-    demos, stats = build_demos(
-        tokenizer, retriever, queries, DemoBudgets.from_cfg(cfg), int(s.num_solver_demos), int(s.num_rubric_demos),
-        int(s.num_scoring_demos), seed=int(s.seed), base_state=base, per_prompt=per,
-    )
-    max_len = int(s.max_seq_len)
-    kept = [d for d in demos if d.num_tokens <= max_len]
-    if len(kept) < len(demos):
-        log.warning("sft: dropped %d demos longer than sft.max_seq_len=%d", len(demos) - len(kept), max_len)
-    info = {"built": stats.built, "dropped_budget": stats.dropped, "dropped_max_seq_len": len(demos) - len(kept),
-            **demo_summary(kept)}
-    return kept, info
-
-
-def train_sft(model, demos: list[Demo], pad_id: int, scfg: DictConfig, trainer_kwargs: dict, logger) -> dict[str, float]:
-    """Fit ``model`` on ``demos`` in place; returns the final metrics."""
-    import lightning.pytorch as pl
-
-    from score_lightning.sft.module import SFTModule, make_loader
-
-    bs = int(scfg.batch_size)
-    loader = make_loader(demos, bs, seed=int(scfg.seed))
-    steps_per_epoch = len(loader)
-    epochs = int(scfg.epochs)
-    max_steps = int(scfg.max_steps) if int(scfg.get("max_steps", -1)) > 0 else epochs * steps_per_epoch
-    max_steps = min(max_steps, epochs * steps_per_epoch)
-    module = SFTModule(model, pad_id, lr=float(scfg.lr), weight_decay=float(scfg.weight_decay), betas=tuple(scfg.betas),
-                       warmup_steps=int(scfg.warmup_steps), max_steps=max_steps,
-                       min_lr_ratio=float(scfg.min_lr_ratio), grad_clip=float(scfg.grad_clip),
-                       shared_prompt=bool(scfg.get("shared_prompt", True)),
-                       prompt_loss_weight=float(scfg.get("prompt_loss_weight", 0.0)))
-    trainer = pl.Trainer(
-        max_steps=max_steps, max_epochs=epochs, logger=logger, enable_checkpointing=False,
-        log_every_n_steps=int(scfg.log_every_n_steps), enable_model_summary=False, num_sanity_val_steps=0,
-        limit_val_batches=0, use_distributed_sampler=False, precision=str(scfg.precision), **trainer_kwargs,
-    )
-    t0 = time.perf_counter()
-    model.train()
-    trainer.fit(module, train_dataloaders=loader)
-    model.eval()
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("sft/")}
-    metrics["sft/train_s"] = time.perf_counter() - t0
-    metrics["sft/steps"] = float(trainer.global_step)
-    metrics["sft/trained_tokens"] = float(module.tokens_seen)
-    return metrics
-
-
-# ---------------------------------------------------------------------------- probe
-def probe_policy(model, tokenizer, retriever, cfg: DictConfig, n_rubric: int, n_solver: int, seed: int = 0,
-                 n_scoring: int | None = None) -> dict[str, float]:
-    """Sample from ``model`` exactly as a first RL step would and report validity rates.
-
-    Rubrics: the harness's initial state with the scheduler's first-step hints, at the evaluator
-    temperature. Solver: real multi-turn rollouts (``run_agent`` + ``HFEngine`` + the retriever)
-    at the solver temperature. Scoring: the solver answers, K per prompt, parsed as RL parses them.
-    """
-    from score_lightning import protocol as P
-    from score_lightning.data.queries import load_queries
-    from score_lightning.harness.scheduler import DimensionScheduler
-    from score_lightning.harness.state import HarnessState
-    from score_lightning.roles.answer import parse_answer
-    from score_lightning.roles.evaluation import parse_evaluation
-    from score_lightning.roles.prompts import rubric_messages, scoring_messages, solver_messages
-    from score_lightning.roles.rubric import fallback_rubric, parse_rubric
-    from score_lightning.rollout.agent import TagStops, run_agent
-    from score_lightning.rollout.engine import SamplingParams
-    from score_lightning.rollout.hf_engine import HFEngine
-    from score_lightning.sft.demos import chat_ids, truncate_text
-
-    b = DemoBudgets.from_cfg(cfg)
-    rng = random.Random(seed)
-    queries = [q.prompt for q in load_queries(cfg.data.get("queries_path"))]
-    state = HarnessState.from_dict(OmegaConf.to_container(cfg.harness.initial_state, resolve=True))
-    sched = DimensionScheduler(list(state.dimension_pool))
-    engine = HFEngine(lambda: model, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer,
-                      int(OmegaConf.select(cfg, "rollout.max_batch_size", default=64)))
-    out: dict[str, float] = {}
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        if n_rubric > 0:
-            nq = int(cfg.data.batch_size)
-            prompts = [chat_ids(tokenizer, rubric_messages(rng.sample(queries, nq), state, sched.required(),
-                                                            sched.avoided(), sched.explore()))
-                       for _ in range(n_rubric)]
-            stops = TagStops(tokenizer, [P.DIMENSIONS_CLOSE])
-            gens = engine.generate(prompts, SamplingParams(b.max_rubric_tokens, float(cfg.evaluator.temperature),
-                                                           stop_token_ids=stops.token_ids, stop_strings=stops.strings))
-            parses = [parse_rubric(tokenizer.decode(g.token_ids), state) for g in gens]
-            out["probe/rubric_valid_rate"] = float(np.mean([p.valid for p in parses]))
-            out["probe/rubric_parsed_rate"] = float(np.mean([p.rubric is not None for p in parses]))
-            out["probe/rubric_len_mean"] = float(np.mean([len(g.token_ids) for g in gens]))
-            errors: dict[str, int] = {}
-            for p in parses:
-                if not p.valid:
-                    errors[p.error.split("'")[0].strip()] = errors.get(p.error.split("'")[0].strip(), 0) + 1
-            out["probe/rubric_errors"] = errors  # type: ignore[assignment]
-        if n_solver > 0:
-            K = b.num_rollouts
-            rubric = fallback_rubric(state)
-            prompts, group_queries = [], []
-            n_groups = max(1, math.ceil(n_solver / K))
-            for _ in range(n_groups):
-                q = rng.choice(queries)
-                group_queries.append(q)
-                ids = chat_ids(tokenizer, solver_messages(q, rubric, state, b.solver_max_tool_calls))
-                prompts.extend([ids] * K)
-            solver_cfg = b.solver_agent()
-            solver_cfg = type(solver_cfg)(**{**solver_cfg.__dict__, "temperature": float(cfg.solver.temperature),
-                                             "top_p": float(cfg.solver.top_p)})
-            trajs = run_agent(engine, tokenizer, prompts, retriever, solver_cfg)
-            answers = [parse_answer(t.model_text(tokenizer), t.truncated,
-                                    require_citation=bool(cfg.reward.require_citation),
-                                    min_chars=int(cfg.reward.min_answer_chars)) for t in trajs]
-            out["probe/answer_valid_rate"] = float(np.mean([a.valid for a in answers]))
-            out["probe/cited_rate"] = float(np.mean([bool(a.cited_ids) for a in answers]))
-            cite_ok = [float(all(c in t.retrieved_ids for c in a.cited_ids)) for a, t in zip(answers, trajs) if a.cited_ids]
-            out["probe/citation_validity"] = float(np.mean(cite_ok)) if cite_ok else 0.0
-            out["probe/tool_calls_mean"] = float(np.mean([t.tool_calls for t in trajs]))
-            out["probe/invalid_actions_mean"] = float(np.mean([t.invalid_actions for t in trajs]))
-            out["probe/truncated_rate"] = float(np.mean([t.truncated for t in trajs]))
-            out["probe/response_len_mean"] = float(np.mean([len(t.response_ids) for t in trajs]))
-            n_sc = n_groups if n_scoring is None else min(n_scoring, n_groups)
-            if n_sc > 0:
-                eval_cfg = b.scoring_agent()
-                eval_cfg = type(eval_cfg)(**{**eval_cfg.__dict__, "temperature": float(cfg.evaluator.temperature)})
-                sprompts = []
-                for g in range(n_sc):
-                    reps = [truncate_text(tokenizer, a.answer if a.answer else "(no report)", b.max_report_tokens)
-                            for a in answers[g * K:(g + 1) * K]]
-                    sprompts.append(chat_ids(tokenizer, scoring_messages(group_queries[g], reps, rubric, state)))
-                strajs = run_agent(engine, tokenizer, sprompts, retriever, eval_cfg)
-                pc = state.process_constraints
-                evs = [parse_evaluation(t.model_text(tokenizer), rubric, K, require_verification=pc.require_verification,
-                                        require_gap_analysis=pc.require_gap_analysis) for t in strajs]
-                out["probe/scoring_valid_rate"] = float(np.mean([e.valid for e in evs]))
-                out["probe/scoring_reports_parsed"] = float(np.mean([len(e.reports) / K for e in evs]))
-                out["probe/scoring_tool_calls_mean"] = float(np.mean([len(t.search_queries) for t in strajs]))
-                out["probe/scoring_truncated_rate"] = float(np.mean([t.truncated for t in strajs]))
-    return out
-
-
-# ---------------------------------------------------------------------------- entry point
 def _log_to_tb(logger, metrics: dict, texts: dict[str, str], step: int = 0) -> None:
     """Run summary (final loss, timings, probe rates, cache hit) as ``sft/summary/*`` scalars at ``step``."""
     exp = getattr(logger, "experiment", None)

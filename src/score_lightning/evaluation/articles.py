@@ -1,0 +1,105 @@
+"""From a solver trajectory to a benchmark article and its sources record.
+
+**Article rule.** The article is the content of the last ``<answer>…</answer>`` block of the
+model-written text (observations excluded), even when :func:`~score_lightning.roles.answer.parse_answer`
+finds it invalid for another reason (too short, no citation, ...). Without a closed block (the model
+never answered, or ran out of tokens) it is the model's *final turn*: the text written after the last
+``<observation>``, with ``<think>…</think>`` blocks and search calls removed. In both cases leftover
+protocol tags and chat markers are stripped. ``valid_answer``/``invalid_reason`` in the sources file
+say which case applied.
+
+The sources record keeps, per article, the ``[doc_id]`` citations with the text of each cited
+passage as it was retrieved (:class:`RecordingRetriever`), so citations can be judged later without
+the retriever.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from score_lightning import protocol as P
+from score_lightning.data.queries import Query
+from score_lightning.retrieval.base import SearchHit
+from score_lightning.roles.answer import AnswerParse, cited_ids, parse_answer
+from score_lightning.rollout.trajectory import Trajectory
+
+_THINK_RE = re.compile(re.escape(P.THINK_OPEN) + r".*?" + re.escape(P.THINK_CLOSE), re.DOTALL)
+_SEARCH_RE = re.compile(re.escape(P.SEARCH_OPEN) + r".*?" + re.escape(P.SEARCH_CLOSE), re.DOTALL)
+_LEFTOVER_TAGS = tuple(P.PROTOCOL_TOKENS) + tuple(P.SPECIAL_TOKENS)
+
+
+def clean_text(text: str) -> str:
+    """Remove think blocks, search calls, leftover protocol tags and chat markers."""
+    text = _THINK_RE.sub("", text)
+    text = _SEARCH_RE.sub("", text)
+    for tag in _LEFTOVER_TAGS:
+        text = text.replace(tag, "")
+    return text.strip()
+
+
+def final_turn_text(traj: Trajectory, tokenizer) -> str:
+    """The model-written tokens after the last observation, decoded."""
+    end = len(traj.response_ids)
+    start = end
+    while start > 0 and traj.response_mask[start - 1] == 1:
+        start -= 1
+    return tokenizer.decode(traj.response_ids[start:end])
+
+
+def article_from_trajectory(traj: Trajectory, tokenizer) -> tuple[str, AnswerParse]:
+    """The article (module docstring rule) and the answer parse it came from."""
+    parsed = parse_answer(traj.model_text(tokenizer), traj.truncated)
+    if parsed.answer is not None:
+        article = clean_text(parsed.answer)
+        if article:
+            return article, parsed
+    return clean_text(final_turn_text(traj, tokenizer)), parsed
+
+
+class RecordingRetriever:
+    """Wraps a retriever and remembers every passage it returned (id -> hit), for the sources file."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.passages: dict[str, SearchHit] = {}
+
+    def search(self, queries: list[str], topk: int) -> list[list[SearchHit]]:
+        hits = self.inner.search(queries, topk)
+        for row in hits:
+            for h in row:
+                self.passages[h.id] = h
+        return hits
+
+
+def sources_record(query: Query, traj: Trajectory, article: str, parsed: AnswerParse,
+                   passages: dict[str, SearchHit]) -> dict[str, Any]:
+    """The sources line of one article: its citations with their retrieved text, search and validity stats."""
+    retrieved = set(traj.retrieved_ids)
+    citations = []
+    for doc_id in cited_ids(article):
+        hit = passages.get(doc_id) if doc_id in retrieved else None
+        citations.append({
+            "doc_id": doc_id,
+            "retrieved": doc_id in retrieved,
+            "title": hit.title if hit is not None else None,
+            "text": hit.text if hit is not None else None,
+        })
+    rec: dict[str, Any] = {
+        "id": query.extra.get("id", query.id),
+        "citations": citations,
+        "retrieved_ids": list(traj.retrieved_ids),
+        "search_queries": list(traj.search_queries),
+        "valid_answer": bool(parsed.valid),
+        "invalid_reason": parsed.reason,
+        "tool_calls": traj.tool_calls,
+        "invalid_actions": traj.invalid_actions,
+        "retrieval_errors": traj.retrieval_errors,
+        "truncated": traj.truncated,
+        "response_tokens": len(traj.response_ids),
+    }
+    for key, value in query.extra.items():  # other query fields; ours win, theirs get a prefix
+        if key == "id":
+            continue
+        rec[key if key not in rec else f"query_{key}"] = value
+    return rec

@@ -1,0 +1,36 @@
+"""RNG states of torch, numpy and Python as checkpoint-safe values (loadable with ``weights_only=True``)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+
+def rng_state() -> dict:
+    """Tensors and plain types only, so checkpoints load with ``torch.load(weights_only=True)``."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, gauss_py = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "python": {"version": version, "internal": list(internal), "gauss": gauss_py},
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["internal"]), p["gauss"]))
+
+
+def seed_rank(seed: int, rank: int) -> None:
+    """Decorrelate sampling across data-parallel ranks; rank 0 keeps the single-process stream."""
+    s = int(seed) + 1_000_003 * int(rank)
+    torch.manual_seed(s)
+    np.random.seed(s % 2**32)
+    random.seed(s)

@@ -1,0 +1,108 @@
+"""The identity of an SFT result: the cache key over every input that changes the trained weights,
+and where the checkpoint for a key lives.
+
+``<key>`` hashes the base checkpoint's files, the ``sft`` config (minus knobs that do not change
+weights), the demo-generation and training versions, the corpus / retriever, the query file, the
+harness's initial state and the RL budgets. Kept apart from training so the key can be computed
+(and tested) without Lightning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from score_lightning.paths import corpus_path
+from score_lightning.sft.demo_types import DemoBudgets
+from score_lightning.sft.demos import DEMO_VERSION
+
+#: Bump when the training procedure changes (loss, schedule, saving), so caches are invalidated.
+SFT_FORMAT_VERSION = 1
+META_FILE = "sft_meta.json"
+#: ``sft`` keys that do not change the trained weights (excluded from the cache key)
+_NON_KEY_FIELDS = ("enabled", "cache_dir", "log_every_n_steps", "probe", "log_samples", "shared_prompt")
+#: files above this size are hashed by (size, first and last MiB) instead of their full content
+_FULL_HASH_LIMIT = 256 << 20
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    h.update(str(size).encode())
+    with open(path, "rb") as fh:
+        if size <= _FULL_HASH_LIMIT:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        else:
+            h.update(fh.read(1 << 20))
+            fh.seek(size - (1 << 20))
+            h.update(fh.read(1 << 20))
+    return h.hexdigest()
+
+
+def checkpoint_digest(model_path: str | os.PathLike) -> str:
+    """Hash of a local checkpoint directory's files (names + contents); a hub id hashes as its name."""
+    p = Path(model_path)
+    if not p.is_dir():
+        return "hub:" + str(model_path)
+    h = hashlib.sha256()
+    for f in sorted(x for x in p.rglob("*") if x.is_file()):
+        h.update(str(f.relative_to(p)).encode())
+        h.update(_file_digest(f).encode())
+    return h.hexdigest()
+
+
+def _retriever_identity(cfg: DictConfig) -> dict[str, Any]:
+    r = cfg.retriever
+    if r.kind == "bm25":
+        return {"kind": "bm25", "corpus": _file_digest(corpus_path(cfg))}
+    return {"kind": str(r.kind), "url": str(r.get("url"))}
+
+
+def _queries_identity(cfg: DictConfig) -> str:
+    from score_lightning.data.queries import EMBEDDED_QUERIES_PATH
+
+    path = cfg.data.get("queries_path") or EMBEDDED_QUERIES_PATH
+    return _file_digest(Path(path))
+
+
+def sft_key_inputs(cfg: DictConfig, model_path: str) -> dict[str, Any]:
+    """Everything the SFT result depends on, as a JSON-able dict (hashed into the cache key)."""
+    s = OmegaConf.to_container(cfg.sft, resolve=True)
+    for k in _NON_KEY_FIELDS:
+        s.pop(k, None)
+    return {
+        "base": checkpoint_digest(model_path),
+        "sft": s,
+        "demo_version": DEMO_VERSION,
+        "format_version": SFT_FORMAT_VERSION,
+        "retriever": _retriever_identity(cfg),
+        "queries": _queries_identity(cfg),
+        "harness_initial_state": OmegaConf.to_container(cfg.harness.initial_state, resolve=True),
+        "budgets": asdict(DemoBudgets.from_cfg(cfg)),
+        "dtype": str(cfg.model.dtype),
+    }
+
+
+def sft_cache_dir(cfg: DictConfig) -> Path:
+    """``sft.cache_dir``, else ``<paths.cache_dir>/sft``: shared across runs so unchanged inputs reuse a result."""
+    d = cfg.sft.get("cache_dir")
+    return Path(d) if d else Path(cfg.paths.cache_dir) / "sft"
+
+
+def sft_output_path(cfg: DictConfig, model_path: str) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint directory for this config's key, and the key's inputs (saved in its metadata)."""
+    inputs = sft_key_inputs(cfg, model_path)
+    key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return sft_cache_dir(cfg) / f"sft-{key}", inputs
+
+
+def is_complete(path: Path) -> bool:
+    """Whether ``path`` holds a usable cached checkpoint (model config and SFT metadata both present)."""
+    return (path / META_FILE).is_file() and (path / "config.json").is_file()

@@ -1,0 +1,83 @@
+"""What every demo kind shares: the :class:`Demo` record, its counts, the RL budgets it must fit,
+and prompt/report tokenisation done exactly as ``ScoreModule`` does it.
+
+Kept apart from the builders so the trainer (:mod:`score_lightning.sft.module`) and the probe can
+use these types and helpers without importing the demo generators.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from score_lightning import protocol as P
+from score_lightning.rollout.agent import AgentConfig
+
+SOLVER, RUBRIC, SCORING = "solver", "rubric", "scoring"
+
+
+@dataclass
+class Demo:
+    """One supervised example: prompt ids (never trained) + response ids with a loss mask."""
+
+    kind: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    #: what the tests need to re-check the demo with the project's parsers
+    meta: dict = field(default_factory=dict)
+    #: demos with the same group share one prompt (the trainer encodes it once for all of them)
+    group: int = -1
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+@dataclass
+class DemoStats:
+    built: dict = field(default_factory=lambda: {SOLVER: 0, RUBRIC: 0, SCORING: 0})
+    dropped: dict = field(default_factory=lambda: {SOLVER: 0, RUBRIC: 0, SCORING: 0})
+
+
+@dataclass(frozen=True)
+class DemoBudgets:
+    """The RL budgets the demonstrations must respect (same meaning as the config keys)."""
+
+    max_prompt_tokens: int = 1024
+    solver_max_response_tokens: int = 256
+    solver_max_tool_calls: int = 3
+    max_observation_tokens: int = 64
+    topk: int = 2
+    max_rubric_tokens: int = 96
+    evaluator_max_response_tokens: int = 256
+    evaluator_max_tool_calls: int = 2
+    max_report_tokens: int = 96
+    num_rollouts: int = 4
+
+    @classmethod
+    def from_cfg(cls, cfg) -> "DemoBudgets":
+        s, e = cfg.solver, cfg.evaluator
+        return cls(
+            max_prompt_tokens=int(s.max_prompt_tokens), solver_max_response_tokens=int(s.max_response_tokens),
+            solver_max_tool_calls=int(s.max_tool_calls), max_observation_tokens=int(s.max_observation_tokens),
+            topk=int(s.topk), max_rubric_tokens=int(e.max_rubric_tokens),
+            evaluator_max_response_tokens=int(e.max_response_tokens), evaluator_max_tool_calls=int(e.max_tool_calls),
+            max_report_tokens=int(e.max_report_tokens), num_rollouts=int(s.num_rollouts),
+        )
+
+    def solver_agent(self) -> AgentConfig:
+        """The solver's agent config, built as ``ScoreModule.rollout`` builds it."""
+        return AgentConfig(max_tool_calls=self.solver_max_tool_calls, max_response_tokens=self.solver_max_response_tokens,
+                           max_observation_tokens=self.max_observation_tokens, topk=self.topk, finish_tag=P.ANSWER_CLOSE)
+
+    def scoring_agent(self) -> AgentConfig:
+        """The scoring agent config, built as ``ScoreModule.score_reports`` builds it."""
+        return AgentConfig(max_tool_calls=self.evaluator_max_tool_calls,
+                           max_response_tokens=self.evaluator_max_response_tokens,
+                           max_observation_tokens=self.max_observation_tokens, topk=self.topk,
+                           finish_tag=P.EVALS_CLOSE, allow_search=self.evaluator_max_tool_calls > 0)
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    """``text``'s ids without special tokens, as a sampler would emit them."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])

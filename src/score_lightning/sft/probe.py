@@ -1,0 +1,108 @@
+"""The cold-start probe: how often the fine-tuned policy's first RL samples already parse.
+
+Run after SFT (when ``sft.probe`` asks for it); its rates go into the checkpoint's metadata and
+TensorBoard, to tell a cold start that taught the format from one that did not before RL starts.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from score_lightning import protocol as P
+from score_lightning.data.queries import load_queries
+from score_lightning.harness.scheduler import DimensionScheduler
+from score_lightning.harness.state import HarnessState
+from score_lightning.roles.answer import parse_answer
+from score_lightning.roles.evaluation import parse_evaluation
+from score_lightning.roles.prompts import rubric_messages, scoring_messages, solver_messages
+from score_lightning.roles.rubric import fallback_rubric, parse_rubric
+from score_lightning.rollout.agent import TagStops, run_agent
+from score_lightning.rollout.engine import SamplingParams
+from score_lightning.rollout.hf_engine import HFEngine
+from score_lightning.rollout.chat import encode_chat, truncate_text
+from score_lightning.sft.demo_types import DemoBudgets
+
+
+def probe_policy(model, tokenizer, retriever, cfg: DictConfig, n_rubric: int, n_solver: int, seed: int = 0,
+                 n_scoring: int | None = None) -> dict[str, float]:
+    """Sample from ``model`` exactly as a first RL step would and report validity rates.
+
+    Rubrics: the harness's initial state with the scheduler's first-step hints, at the evaluator
+    temperature. Solver: real multi-turn rollouts (``run_agent`` + ``HFEngine`` + the retriever)
+    at the solver temperature. Scoring: the solver answers, K per prompt, parsed as RL parses them.
+    """
+    b = DemoBudgets.from_cfg(cfg)
+    rng = random.Random(seed)
+    queries = [q.prompt for q in load_queries(cfg.data.get("queries_path"))]
+    state = HarnessState.from_dict(OmegaConf.to_container(cfg.harness.initial_state, resolve=True))
+    sched = DimensionScheduler(list(state.dimension_pool))
+    engine = HFEngine(lambda: model, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer,
+                      int(OmegaConf.select(cfg, "rollout.max_batch_size", default=64)))
+    out: dict[str, float] = {}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if n_rubric > 0:
+            nq = int(cfg.data.batch_size)
+            prompts = [encode_chat(tokenizer, rubric_messages(rng.sample(queries, nq), state, sched.required(),
+                                                            sched.avoided(), sched.explore()))
+                       for _ in range(n_rubric)]
+            stops = TagStops(tokenizer, [P.DIMENSIONS_CLOSE])
+            gens = engine.generate(prompts, SamplingParams(b.max_rubric_tokens, float(cfg.evaluator.temperature),
+                                                           stop_token_ids=stops.token_ids, stop_strings=stops.strings))
+            parses = [parse_rubric(tokenizer.decode(g.token_ids), state) for g in gens]
+            out["probe/rubric_valid_rate"] = float(np.mean([p.valid for p in parses]))
+            out["probe/rubric_parsed_rate"] = float(np.mean([p.rubric is not None for p in parses]))
+            out["probe/rubric_len_mean"] = float(np.mean([len(g.token_ids) for g in gens]))
+            errors: dict[str, int] = {}
+            for p in parses:
+                if not p.valid:
+                    errors[p.error.split("'")[0].strip()] = errors.get(p.error.split("'")[0].strip(), 0) + 1
+            out["probe/rubric_errors"] = errors  # type: ignore[assignment]
+        if n_solver > 0:
+            K = b.num_rollouts
+            rubric = fallback_rubric(state)
+            prompts, group_queries = [], []
+            n_groups = max(1, math.ceil(n_solver / K))
+            for _ in range(n_groups):
+                q = rng.choice(queries)
+                group_queries.append(q)
+                ids = encode_chat(tokenizer, solver_messages(q, rubric, state, b.solver_max_tool_calls))
+                prompts.extend([ids] * K)
+            solver_cfg = b.solver_agent()
+            solver_cfg = type(solver_cfg)(**{**solver_cfg.__dict__, "temperature": float(cfg.solver.temperature),
+                                             "top_p": float(cfg.solver.top_p)})
+            trajs = run_agent(engine, tokenizer, prompts, retriever, solver_cfg)
+            answers = [parse_answer(t.model_text(tokenizer), t.truncated,
+                                    require_citation=bool(cfg.reward.require_citation),
+                                    min_chars=int(cfg.reward.min_answer_chars)) for t in trajs]
+            out["probe/answer_valid_rate"] = float(np.mean([a.valid for a in answers]))
+            out["probe/cited_rate"] = float(np.mean([bool(a.cited_ids) for a in answers]))
+            cite_ok = [float(all(c in t.retrieved_ids for c in a.cited_ids)) for a, t in zip(answers, trajs) if a.cited_ids]
+            out["probe/citation_validity"] = float(np.mean(cite_ok)) if cite_ok else 0.0
+            out["probe/tool_calls_mean"] = float(np.mean([t.tool_calls for t in trajs]))
+            out["probe/invalid_actions_mean"] = float(np.mean([t.invalid_actions for t in trajs]))
+            out["probe/truncated_rate"] = float(np.mean([t.truncated for t in trajs]))
+            out["probe/response_len_mean"] = float(np.mean([len(t.response_ids) for t in trajs]))
+            n_sc = n_groups if n_scoring is None else min(n_scoring, n_groups)
+            if n_sc > 0:
+                eval_cfg = b.scoring_agent()
+                eval_cfg = type(eval_cfg)(**{**eval_cfg.__dict__, "temperature": float(cfg.evaluator.temperature)})
+                sprompts = []
+                for g in range(n_sc):
+                    reps = [truncate_text(tokenizer, a.answer if a.answer else "(no report)", b.max_report_tokens)
+                            for a in answers[g * K:(g + 1) * K]]
+                    sprompts.append(encode_chat(tokenizer, scoring_messages(group_queries[g], reps, rubric, state)))
+                strajs = run_agent(engine, tokenizer, sprompts, retriever, eval_cfg)
+                pc = state.process_constraints
+                evs = [parse_evaluation(t.model_text(tokenizer), rubric, K, require_verification=pc.require_verification,
+                                        require_gap_analysis=pc.require_gap_analysis) for t in strajs]
+                out["probe/scoring_valid_rate"] = float(np.mean([e.valid for e in evs]))
+                out["probe/scoring_reports_parsed"] = float(np.mean([len(e.reports) / K for e in evs]))
+                out["probe/scoring_tool_calls_mean"] = float(np.mean([len(t.search_queries) for t in strajs]))
+                out["probe/scoring_truncated_rate"] = float(np.mean([t.truncated for t in strajs]))
+    return out

@@ -1,0 +1,195 @@
+"""Scoring demos: the evaluator verifying and scoring K reports of known, mixed quality.
+
+Prompt: :func:`scoring_messages` over K reports (solver-style answers, some deliberately degraded:
+no citations, invented citations, off-topic, cut short, missing). Response: verification
+``<search>`` calls with real observations, then ``<report_evaluations>`` with ``<verification>``,
+``<gap_analysis>`` and integer scores that follow report quality, then EOS. Because each report's
+quality is known when it is written, the scores can rank them correctly, which is what the
+evaluator has to learn.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from score_lightning import protocol as P
+from score_lightning.harness.state import HarnessState
+from score_lightning.roles.prompts import scoring_messages
+from score_lightning.roles.rubric import Rubric, fallback_rubric
+from score_lightning.sft.context import DemoContext
+from score_lightning.rollout.chat import encode_chat, truncate_text
+from score_lightning.sft.demo_types import SCORING, Demo
+from score_lightning.sft.rubric_demos import random_rubric, random_state
+from score_lightning.sft.solver_demos import answer_for, solver_plan, visible_evidence
+from score_lightning.sft.text import query_entities, search_queries
+
+#: base score per report quality kind; the key order is also the order kinds are drawn in
+_BASE_SCORES = {"good": 8, "partial": 6, "no_citation": 4, "fake_citation": 4, "truncated": 4, "off_topic": 2, "empty": 0}
+_CITE_RE = re.compile(r"\[([^\]\s]+)\]")
+
+
+def _report(ctx: DemoContext, rng: random.Random, query: str, rubric: Rubric, kind: str) -> tuple[str, dict]:
+    """One report of a given quality ``kind`` and the features its scores depend on."""
+    if kind == "empty":
+        return "(no report)", {"kind": kind, "cited": []}
+    if kind == "off_topic":
+        other = rng.choice([q for q in ctx.queries if q != query] or [query])
+        _, hits = solver_plan(ctx, rng, other, rng.randint(1, 2))
+        text = answer_for(ctx, rng, other, hits, rubric, 2)
+        return text or "(no report)", {"kind": kind, "cited": list(dict.fromkeys(_CITE_RE.findall(text)))}
+    _, hits = solver_plan(ctx, rng, query, rng.randint(1, 3))
+    text = answer_for(ctx, rng, query, hits, rubric, 3 if kind != "partial" else 1)
+    if not text:
+        return "(no report)", {"kind": "empty", "cited": []}
+    if kind == "no_citation":
+        text = re.sub(r"\s*\[[^\]\s]+\]", "", text).replace("According to ,", "According to the docs,")
+    elif kind == "fake_citation":
+        cited = _CITE_RE.findall(text)
+        if cited:
+            fake = cited[0].rsplit(".", 1)[0] + "." + rng.choice(("helper", "fast_path", "legacy", "internal"))
+            text = text.replace(f"[{cited[0]}]", f"[{fake}]")
+    elif kind == "truncated":
+        text = text.split("\nConclusion:")[0]
+        words = text.split(" ")
+        text = " ".join(words[: max(4, len(words) // 2)])
+    cited = list(dict.fromkeys(_CITE_RE.findall(text)))
+    return text, {"kind": kind, "cited": cited}
+
+
+def _scores(rng: random.Random, feat: dict, rubric: Rubric, confirmed: set[str]) -> list[int]:
+    """Per-dimension 0..10 scores: the kind's base, jitter, and the dimension's view of the report."""
+    kind = feat["kind"]
+    base = _BASE_SCORES[kind]
+    out = []
+    for d in rubric.dims:
+        if kind == "empty":
+            out.append(0)
+            continue
+        v = base + rng.choice((-1, 0, 0, 1))
+        if d in ("citation_grounding", "factual_support"):
+            if kind in ("no_citation", "fake_citation"):
+                v -= 2
+            elif any(c in confirmed for c in feat["cited"]):
+                v += 1
+        if d in ("comprehensiveness", "evidence_coverage") and kind in ("partial", "truncated"):
+            v -= 1
+        if d == "conciseness" and kind in ("partial",):
+            v += 1
+        out.append(int(min(10, max(0, v))))
+    return out
+
+
+def _reason(v: int) -> str:
+    """A one-word reason (the parser ignores it; short keeps K x k scores inside the budget)."""
+    if v == 0:
+        return "missing"
+    return "strong" if v >= 8 else "good" if v >= 6 else "weak" if v >= 4 else "poor"
+
+
+def _verification(feat: dict, confirmed: set[str], known_ids: frozenset[str]) -> str:
+    """What the searches showed about the report's first citation."""
+    kind, cited = feat["kind"], feat["cited"]
+    if kind == "empty":
+        return "No report."
+    if kind == "off_topic":
+        return "Off-topic."
+    if not cited:
+        return "No citations."
+    c = cited[0]
+    if c in confirmed:
+        return f"[{c}] found by search."
+    if c not in known_ids and known_ids:
+        return f"[{c}] not found."
+    return f"[{c}] not re-checked."
+
+
+def _gap(query: str, text: str, feat: dict, known_ids: frozenset[str]) -> str:
+    """The report's main gap: missing, off-topic, cut short, or a name of the question it never mentions."""
+    kind = feat["kind"]
+    if kind == "empty":
+        return "Everything."
+    if kind == "off_topic":
+        return "Does not answer the question."
+    if kind == "truncated":
+        return "No conclusion."
+    missing = [e for e in query_entities(query, known_ids) if e not in text]
+    if missing:
+        return f"Misses {missing[0]}."
+    return "None."
+
+
+def scoring_group(ctx: DemoContext, rng: random.Random, query: str, n: int) -> list[Demo]:
+    """``n`` evaluations of one scoring prompt (K reports of mixed quality)."""
+    b = ctx.b
+    state = random_state(rng, ctx.base, b.evaluator_max_tool_calls)
+    rubric = fallback_rubric(state) if rng.random() < 0.3 else random_rubric(rng, state)
+    K = b.num_rollouts if rng.random() < 0.75 else rng.randint(2, max(3, b.num_rollouts + 1))
+    kinds = rng.choices(list(_BASE_SCORES), weights=[0.4, 0.15, 0.1, 0.1, 0.1, 0.1, 0.05], k=K)
+    reports, feats = [], []
+    for kind in kinds:
+        text, feat = _report(ctx, random.Random(rng.random()), query, rubric, kind)
+        reports.append(truncate_text(ctx.tok, text, b.max_report_tokens))
+        feats.append(feat)
+    prompt = encode_chat(ctx.tok, scoring_messages(query, reports, rubric, state))
+    if len(prompt) > b.max_prompt_tokens:
+        return []
+    out = []
+    for _ in range(n):
+        d = _scoring_response(ctx, random.Random(rng.random()), query, state, rubric, reports, feats, prompt)
+        if d is not None:
+            out.append(d)
+    return out
+
+
+def _scoring_response(ctx: DemoContext, rng: random.Random, query: str, state: HarnessState, rubric: Rubric,
+                      reports: list[str], feats: list[dict], prompt: list[int]) -> Demo | None:
+    """One scripted evaluation; shorter (optional blocks, then reasons dropped) on each retry."""
+    b = ctx.b
+    K = len(reports)
+    pc = state.process_constraints
+    # verification searches: at least the harness minimum and >= 1 (the reward verifier needs depth)
+    n_min = max(1, pc.min_number_of_tool_call) if b.evaluator_max_tool_calls > 0 else 0
+    n_search = min(b.evaluator_max_tool_calls, max(n_min, rng.choice((1, 1, 2))))
+    cited_all = [c for f in feats for c in f["cited"] if f["kind"] != "off_topic"]
+    for attempt in range(3):
+        sub = random.Random(rng.random())
+        qs: list[str] = []
+        if n_search:
+            if cited_all and sub.random() < 0.5:
+                qs.append(sub.choice(cited_all))
+            for q in search_queries(sub, query, n_search, ctx.known_ids):
+                if len(qs) < n_search and q not in qs:
+                    qs.append(q)
+        hits = ctx.retriever.search(qs, b.topk) if qs else []
+        confirmed = {e.doc_id for hs in hits for e in visible_evidence(ctx.tok, hs, b.max_observation_tokens)}
+        short = attempt >= 1
+        blocks = []
+        for i, (text, feat) in enumerate(zip(reports, feats), 1):
+            scores = _scores(sub, feat, rubric, confirmed)
+            parts = [f'<report id="{i}">']
+            if pc.require_verification or not short:
+                parts.append(f"{P.VERIFICATION_OPEN}{_verification(feat, confirmed, ctx.known_ids)}{P.VERIFICATION_CLOSE}")
+            if pc.require_gap_analysis or not short:
+                parts.append(f"{P.GAP_OPEN}{_gap(query, text, feat, ctx.known_ids)}{P.GAP_CLOSE}")
+            sc = "".join(
+                f'<score dim="{d}" value="{v}"' + ("" if attempt >= 2 else f' reason="{_reason(v)}"') + "/>"
+                for d, v in zip(rubric.dims, scores)
+            )
+            parts.append(f"{P.SCORES_OPEN}{sc}{P.SCORES_CLOSE}{P.REPORT_CLOSE}")
+            blocks.append("".join(parts))
+        evals = f"{P.EVALS_OPEN}" + "\n".join(blocks) + f"{P.EVALS_CLOSE}"
+        turns = []
+        for j, q in enumerate(qs):
+            pre = f"{P.THINK_OPEN}Check the reports' claims.{P.THINK_CLOSE}" if j == 0 and sub.random() < 0.5 else ""
+            turns.append(f"{pre}{P.SEARCH_OPEN}{q}{P.SEARCH_CLOSE}")
+        turns.append(evals)
+        traj = ctx.script(turns, prompt, b.scoring_agent())
+        if not traj.finished or traj.truncated or len(traj.response_ids) + 1 > b.evaluator_max_response_tokens:
+            continue
+        return Demo(SCORING, prompt, traj.response_ids + [ctx.eos], traj.response_mask + [1], meta={
+            "query": query, "num_reports": K, "state": state.to_dict(),
+            "rubric": [list(rubric.dims), list(rubric.weights)], "kinds": [f["kind"] for f in feats],
+            "search_queries": list(qs), "tool_calls": traj.tool_calls,
+        })
+    return None

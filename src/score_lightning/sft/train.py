@@ -1,0 +1,76 @@
+"""The demonstrations for a run config, and fitting a model on them with Lightning.
+
+The two steps of a cold start that do the work, without the caching around them
+(:mod:`score_lightning.sft.run`), so tests and benchmarks can call them directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from omegaconf import DictConfig, OmegaConf
+
+from score_lightning.sft.demo_types import Demo, DemoBudgets
+from score_lightning.sft.demos import build_demos, demo_summary
+
+log = logging.getLogger(__name__)
+
+
+
+def build_sft_demos(cfg: DictConfig, tokenizer, retriever=None) -> tuple[list[Demo], dict]:
+    """The demonstrations ``run_sft`` trains on, for this config (also used by tests and probes)."""
+    from score_lightning.data.queries import load_queries
+    from score_lightning.harness.state import HarnessState
+    from score_lightning.retrieval.from_config import retriever_from_config
+
+    s = cfg.sft
+    if retriever is None:
+        retriever = retriever_from_config(cfg.retriever, cfg.paths.cache_dir)
+    queries = [q.prompt for q in load_queries(cfg.data.get("queries_path"))]
+    base = HarnessState.from_dict(OmegaConf.to_container(cfg.harness.initial_state, resolve=True))
+    per = OmegaConf.to_container(s.responses_per_prompt, resolve=True) if s.get("responses_per_prompt") else None
+    demos, stats = build_demos(
+        tokenizer, retriever, queries, DemoBudgets.from_cfg(cfg), int(s.num_solver_demos), int(s.num_rubric_demos),
+        int(s.num_scoring_demos), seed=int(s.seed), base_state=base, per_prompt=per,
+    )
+    max_len = int(s.max_seq_len)
+    kept = [d for d in demos if d.num_tokens <= max_len]
+    if len(kept) < len(demos):
+        log.warning("sft: dropped %d demos longer than sft.max_seq_len=%d", len(demos) - len(kept), max_len)
+    info = {"built": stats.built, "dropped_budget": stats.dropped, "dropped_max_seq_len": len(demos) - len(kept),
+            **demo_summary(kept)}
+    return kept, info
+
+
+def train_sft(model, demos: list[Demo], pad_id: int, scfg: DictConfig, trainer_kwargs: dict, logger) -> dict[str, float]:
+    """Fit ``model`` on ``demos`` in place; returns the final metrics."""
+    import lightning.pytorch as pl
+
+    from score_lightning.sft.module import SFTModule, make_loader
+
+    bs = int(scfg.batch_size)
+    loader = make_loader(demos, bs, seed=int(scfg.seed))
+    steps_per_epoch = len(loader)
+    epochs = int(scfg.epochs)
+    max_steps = int(scfg.max_steps) if int(scfg.get("max_steps", -1)) > 0 else epochs * steps_per_epoch
+    max_steps = min(max_steps, epochs * steps_per_epoch)
+    module = SFTModule(model, pad_id, lr=float(scfg.lr), weight_decay=float(scfg.weight_decay), betas=tuple(scfg.betas),
+                       warmup_steps=int(scfg.warmup_steps), max_steps=max_steps,
+                       min_lr_ratio=float(scfg.min_lr_ratio), grad_clip=float(scfg.grad_clip),
+                       shared_prompt=bool(scfg.get("shared_prompt", True)),
+                       prompt_loss_weight=float(scfg.get("prompt_loss_weight", 0.0)))
+    trainer = pl.Trainer(
+        max_steps=max_steps, max_epochs=epochs, logger=logger, enable_checkpointing=False,
+        log_every_n_steps=int(scfg.log_every_n_steps), enable_model_summary=False, num_sanity_val_steps=0,
+        limit_val_batches=0, use_distributed_sampler=False, precision=str(scfg.precision), **trainer_kwargs,
+    )
+    t0 = time.perf_counter()
+    model.train()
+    trainer.fit(module, train_dataloaders=loader)
+    model.eval()
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("sft/")}
+    metrics["sft/train_s"] = time.perf_counter() - t0
+    metrics["sft/steps"] = float(trainer.global_step)
+    metrics["sft/trained_tokens"] = float(module.tokens_seen)
+    return metrics

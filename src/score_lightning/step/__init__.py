@@ -1,0 +1,15 @@
+"""The stages of one SCORE step, each a plain function or small class testable without Lightning.
+
+In the order ``ScoreModule.training_step`` calls them (Algorithm 1 of the paper):
+
+1. :mod:`~score_lightning.step.rubric_stage` - the evaluator samples one rubric (H_t, w_t) for the
+   step (rank 0 samples, every rank receives it with its token ids);
+2. :mod:`~score_lightning.step.rollouts` - initial evidence D_q^0, K solver rollouts per query,
+   then the evaluator's scoring rollouts (which may search to verify);
+3. :mod:`~score_lightning.step.reward_assembly` - validity, scores, process-constraint gates and
+   the reward verifier into the solver rewards s_i^k;
+4. :mod:`~score_lightning.step.solver_update` - Phase 1, GRPO on the shared actor;
+5. :mod:`~score_lightning.step.evaluator_reward` and :mod:`~score_lightning.step.evaluator_update`
+   - the consistency reward, its EMA-centred advantage and Phase 2, REINFORCE on the rubric tokens;
+6. :mod:`~score_lightning.step.scalars` - everything logged, reduced across data-parallel ranks.
+"""

@@ -1,0 +1,64 @@
+"""What a SCORE step logs: this rank's raw numbers fed into :class:`StepScalars` for cross-rank pooling.
+
+Tags are the public TensorBoard names (README, "What TensorBoard shows"). Each call below is made
+on every rank in the same order (``StepScalars.compute`` is collective), so nothing here may
+depend on rank-local conditions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from score_lightning.step.reward_assembly import StepRewards
+from score_lightning.step.scalars import StepScalars
+from score_lightning.step.solver_update import SolverUpdateResult
+from score_lightning.step.types import StepRollouts
+
+
+def record_rewards(sc: StepScalars, ro: StepRollouts, rw: StepRewards, num_rollouts: int, verifier_enabled: bool,
+                   zero: str) -> None:
+    """Rewards, their decomposition, validity, verification and the groups without a gradient."""
+    n = len(rw.rewards)
+    sc.reward.update(rw.validity, rw.scores, rw.weights, depth=rw.depth if verifier_enabled else None,
+                     min_depth=rw.tau, zero=zero)
+    sc.reward_sq.update(rw.rewards.double() ** 2)
+    valid = rw.validity > 0
+    score_term = rw.weighted_scores
+    if verifier_enabled and zero == "reward":
+        score_term = torch.where(rw.verified, score_term, torch.zeros_like(score_term))
+    sc.mean("solver/answer_valid_rate", float(rw.validity.sum()), n)
+    sc.mean("solver/reward_validity_part", float(rw.validity.sum()), n)
+    sc.mean("solver/reward_score_part", float(score_term[valid].sum()), int(valid.sum()))
+    sc.citations.update([(a.cited_ids, t.retrieved_ids) for a, t in zip(rw.answers, ro.solver)])
+    grouped = rw.rewards.view(-1, num_rollouts)
+    equal = (grouped.amax(dim=1) == grouped.amin(dim=1)).float()
+    no_valid = (rw.validity.view(-1, num_rollouts).sum(dim=1) == 0).float()
+    groups = grouped.shape[0]
+    sc.mean("solver/zero_advantage_group_rate", float(equal.sum()), groups)
+    sc.mean("solver/no_valid_report_group_rate", float(no_valid.sum()), groups)
+    sc.mean("evaluator/verified_rate", float(rw.verified.float().sum()), n)
+    sc.mean("evaluator/process_gate_rate", float((~rw.process_ok).float().sum()) / num_rollouts, groups)
+    sc.mean("evaluator/scoring_valid_rate", float(sum(rw.eval_valid)), len(rw.eval_valid))
+    sc.mean("evaluator/verification_depth_mean", float(sum(len(t.search_queries) for t in ro.scoring)), len(ro.scoring))
+
+
+def record_rollouts(sc: StepScalars, ro: StepRollouts) -> int:
+    """Search behaviour and lengths of the solver; returns the tokens this rank generated."""
+    solver = ro.solver
+    n = len(solver)
+    sc.mean("rollout/tool_calls_mean", float(sum(t.tool_calls for t in solver)), n)
+    sc.mean("rollout/response_len_mean", float(sum(len(t.response_ids) for t in solver)), n)
+    sc.mean("rollout/truncated_rate", float(sum(t.truncated for t in solver)), n)
+    sc.sum("rollout/invalid_actions", float(sum(t.invalid_actions for t in solver)))
+    generated = sum(t.num_model_tokens for t in solver + ro.scoring) + ro.rubric.num_tokens
+    sc.sum("rollout/generated_tokens", float(generated))
+    return generated
+
+
+def record_solver_update(sc: StepScalars, upd: SolverUpdateResult) -> None:
+    """Token means of the update's terms, pooled over every rank's response tokens."""
+    tokens = upd.sums["tokens"]
+    for key, tag in (("pg", "solver/pg_loss"), ("kl", "solver/kl"), ("clipfrac", "solver/clipfrac"),
+                     ("entropy", "solver/entropy"), ("loss", "solver/loss")):
+        sc.mean(tag, upd.sums[key], tokens)
+    sc.mean("solver/advantage_abs_mean", float(upd.advantages.abs().sum()), upd.advantages.numel())

@@ -1,0 +1,130 @@
+"""Stage 3: from parsed reports and evaluations to the solver rewards s_i^k (pure functions).
+
+R_s(r) = a(r) * (1 + sum_j w_j s_j(r)), with two gates that make the harness constraints bind:
+
+* **process gate**: when an evaluation breaks a process rule of the harness (``require_verification``
+  or ``require_gap_analysis``: some report lacks its ``<verification>`` / ``<gap_analysis>``
+  section), every score of that evaluation is 0. The whole evaluation is gated, not the one report:
+  the evaluator skipped the required work, so none of its scores is trusted, and the solver's
+  group advantages do not inherit a difference the solver did not cause.
+* **reward verifier** (Algorithm 1, line 23): a report whose evaluation searched fewer than
+  tau_s = max(``verifier.min_search_depth``, ``process_constraints.min_number_of_tool_call``)
+  times gets reward 0 (``verifier.zero=reward``, the default) or scores 0 (``verifier.zero=scores``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from score_lightning.harness.state import HarnessState, ProcessConstraints
+from score_lightning.rewards.functions import verified_rewards
+from score_lightning.roles.answer import AnswerParse, parse_answer
+from score_lightning.roles.evaluation import EvaluationParse, parse_evaluation
+from score_lightning.roles.rubric import Rubric
+from score_lightning.rollout.trajectory import Trajectory
+
+
+@dataclass(frozen=True)
+class RewardSettings:
+    """``reward.*`` and ``verifier.*`` from the config."""
+
+    require_citation: bool
+    min_answer_chars: int
+    verifier_enabled: bool
+    min_search_depth: int
+    zero: str = "reward"
+
+    @classmethod
+    def from_cfg(cls, cfg) -> "RewardSettings":
+        return cls(bool(cfg.reward.require_citation), int(cfg.reward.min_answer_chars), bool(cfg.verifier.enabled),
+                   int(cfg.verifier.min_search_depth), str(cfg.verifier.get("zero", "reward")))
+
+
+@dataclass
+class StepRewards:
+    """Everything the updates and the logs need about one step's rewards (this rank's rows)."""
+
+    answers: list[AnswerParse]
+    validity: Tensor  # [N] a(r)
+    scores: Tensor  # [N, k] after the process gate (and the verifier with zero="scores")
+    weights: Tensor  # [k]
+    depth: Tensor  # [N] verification searches behind each report's scores
+    verified: Tensor  # [N] bool, depth >= tau
+    process_ok: Tensor  # [N] bool, the report's evaluation met the process rules
+    eval_valid: list[bool]  # per query: the scoring XML parsed completely
+    rewards: Tensor  # [N] s_i^k, what GRPO normalises
+    tau: int
+
+    @property
+    def weighted_scores(self) -> Tensor:
+        """sum_j w_j s_j per report (the rubric part of R_s before validity)."""
+        return (self.scores * self.weights).sum(dim=-1)
+
+
+def effective_tau(min_search_depth: int, state: HarnessState) -> int:
+    """tau_s: the verifier's own minimum or the harness's ``min_number_of_tool_call``, whichever is larger."""
+    return max(int(min_search_depth), int(state.process_constraints.min_number_of_tool_call))
+
+
+def meets_process_rules(ev: EvaluationParse, num_reports: int, pc: ProcessConstraints) -> bool:
+    """Every report 1..K has the sections the harness requires (always true when none is required)."""
+    if not (pc.require_verification or pc.require_gap_analysis):
+        return True
+    for rid in range(1, num_reports + 1):
+        rep = ev.reports.get(rid)
+        if rep is None:
+            return False
+        if pc.require_verification and not rep.has_verification:
+            return False
+        if pc.require_gap_analysis and not rep.has_gap_analysis:
+            return False
+    return True
+
+
+def parse_answers(solver: Sequence[Trajectory], tokenizer, settings: RewardSettings) -> list[AnswerParse]:
+    """a(r) and the report text of every solver trajectory (judged on model-written tokens only)."""
+    return [parse_answer(t.model_text(tokenizer), t.truncated, require_citation=settings.require_citation,
+                         min_chars=settings.min_answer_chars) for t in solver]
+
+
+def assemble_rewards(
+    answers: Sequence[AnswerParse], scoring: Sequence[Trajectory], rubric: Rubric, state: HarnessState,
+    num_reports: int, settings: RewardSettings, tokenizer,
+) -> StepRewards:
+    """Parse each query's evaluation and combine validity, scores, gates and the verifier."""
+    pc = state.process_constraints
+    rows: list[list[float]] = []
+    depth: list[int] = []
+    process_ok: list[bool] = []
+    eval_valid: list[bool] = []
+    for st in scoring:
+        ev = parse_evaluation(st.model_text(tokenizer), rubric, num_reports, require_verification=pc.require_verification,
+                              require_gap_analysis=pc.require_gap_analysis)
+        ok = meets_process_rules(ev, num_reports, pc)
+        matrix = ev.score_matrix(rubric, num_reports)
+        rows.extend(row if ok else [0.0] * len(row) for row in matrix)
+        depth.extend([len(st.search_queries)] * num_reports)
+        process_ok.extend([ok] * num_reports)
+        eval_valid.append(ev.valid)
+    return combine(answers, rows, depth, process_ok, eval_valid, rubric, effective_tau(settings.min_search_depth, state),
+                   settings)
+
+
+def combine(
+    answers: Sequence[AnswerParse], score_rows: Sequence[Sequence[float]], depth: Sequence[int],
+    process_ok: Sequence[bool], eval_valid: list[bool], rubric: Rubric, tau: int, settings: RewardSettings,
+) -> StepRewards:
+    """The tensor arithmetic of :func:`assemble_rewards`, on already-parsed inputs."""
+    n, k = len(answers), len(rubric.dims)
+    validity = torch.tensor([float(a.valid) for a in answers], dtype=torch.float32)
+    scores = torch.tensor(list(score_rows), dtype=torch.float32).reshape(n, k)
+    weights = torch.tensor(rubric.weights, dtype=torch.float32)
+    depth_t = torch.tensor(list(depth), dtype=torch.long)
+    rewards, scores, verified = verified_rewards(validity, scores, weights, depth_t, tau, settings.verifier_enabled,
+                                                 settings.zero)
+    return StepRewards(list(answers), validity, scores, weights, depth_t, verified,
+                       torch.tensor(list(process_ok), dtype=torch.bool), eval_valid, rewards, tau)

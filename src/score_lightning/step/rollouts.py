@@ -1,0 +1,91 @@
+"""Stage 2: the environment's initial evidence, the K solver rollouts per query, and the scoring.
+
+All three run the same multi-turn agent loop (:func:`~score_lightning.rollout.agent.run_agent`),
+so solver and evaluator searches share one retriever, one observation format and one token
+bookkeeping. Query ``i``'s K solver trajectories are contiguous (rows ``i*K .. i*K+K-1``), the
+layout GRPO's group advantages expect.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from score_lightning import protocol as P
+from score_lightning.harness.state import HarnessState
+from score_lightning.retrieval.base import RetrievalError, Retriever
+from score_lightning.roles.prompts import scoring_messages, solver_messages
+from score_lightning.roles.rubric import Rubric
+from score_lightning.rollout.agent import AgentConfig, run_agent
+from score_lightning.rollout.chat import encode_chat, truncate_text
+from score_lightning.rollout.engine import RolloutEngine
+from score_lightning.rollout.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """Budgets of the solver and scoring loops (``solver.*`` / ``evaluator.*`` in the config)."""
+
+    num_rollouts: int  # K
+    max_prompt_tokens: int
+    solver: AgentConfig
+    scoring: AgentConfig
+    max_report_tokens: int  # each report is cut to this many tokens inside the scoring prompt
+    conclusion_line: bool = True  # ask the solver to end with "Conclusion: ..."
+
+    @classmethod
+    def from_cfg(cls, cfg) -> "RolloutSettings":
+        s, e = cfg.solver, cfg.evaluator
+        solver = AgentConfig(
+            max_tool_calls=int(s.max_tool_calls), max_response_tokens=int(s.max_response_tokens),
+            max_observation_tokens=int(s.max_observation_tokens), topk=int(s.topk),
+            temperature=float(s.temperature), top_p=float(s.top_p), finish_tag=P.ANSWER_CLOSE,
+        )
+        scoring = AgentConfig(
+            max_tool_calls=int(e.max_tool_calls), max_response_tokens=int(e.max_response_tokens),
+            max_observation_tokens=int(s.max_observation_tokens), topk=int(s.topk),
+            temperature=float(e.temperature), finish_tag=P.EVALS_CLOSE, allow_search=int(e.max_tool_calls) > 0,
+        )
+        return cls(int(s.num_rollouts), int(s.max_prompt_tokens), solver, scoring, int(e.max_report_tokens),
+                   bool(s.get("conclusion_line", True)))
+
+
+def initial_evidence(retriever: Retriever, queries: Sequence[str], topk: int) -> tuple[list[list[str]], int]:
+    """D_q^0 = R(q): the top document ids per query, and 1 if the retrieval failed (else 0).
+
+    It grounds the rubric prompt (E_q = Harness(q, D_q^0, S)) and doubles as a per-step retrieval
+    health probe that does not depend on whether the policy chose to search.
+    """
+    try:
+        hits = retriever.search(list(queries), topk)
+        return [[h.id for h in row] for row in hits], 0
+    except RetrievalError as exc:
+        log.warning("initial retrieval failed: %s", exc)
+        return [[] for _ in queries], 1
+
+
+def solver_rollouts(engine: RolloutEngine, tokenizer, retriever: Retriever, queries: Sequence[str], rubric: Rubric,
+                    state: HarnessState, settings: RolloutSettings) -> list[Trajectory]:
+    """K trajectories per query, conditioned on the step's rubric; query-major order."""
+    prompts, metas = [], []
+    for qi, q in enumerate(queries):
+        msgs = solver_messages(q, rubric, state, settings.solver.max_tool_calls, settings.conclusion_line)
+        ids = encode_chat(tokenizer, msgs, settings.max_prompt_tokens)
+        for k in range(settings.num_rollouts):
+            prompts.append(ids)
+            metas.append({"query_index": qi, "k": k})
+    return run_agent(engine, tokenizer, prompts, retriever, settings.solver, metas)
+
+
+def scoring_rollouts(engine: RolloutEngine, tokenizer, retriever: Retriever, queries: Sequence[str],
+                     reports: Sequence[Sequence[str | None]], rubric: Rubric, state: HarnessState,
+                     settings: RolloutSettings) -> list[Trajectory]:
+    """One scoring trajectory per query over its K reports (``None``: no report was written)."""
+    prompts = []
+    for q, group in zip(queries, reports):
+        shown = [truncate_text(tokenizer, r if r else "(no report)", settings.max_report_tokens) for r in group]
+        prompts.append(encode_chat(tokenizer, scoring_messages(q, shown, rubric, state), settings.max_prompt_tokens))
+    return run_agent(engine, tokenizer, prompts, retriever, settings.scoring)

@@ -1,0 +1,98 @@
+"""Stage 1: the evaluator samples the step's rubric Gamma_t = (H_t, w_t), once per step.
+
+Algorithm 1 samples *one* rubric per step for the whole batch. Under data parallelism rank 0
+samples it from a prompt over the global batch's queries and broadcasts it with its token ids, so
+4 GPUs train with one rubric, not four, and every rank trains REINFORCE on the same tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from score_lightning import distributed as D
+from score_lightning import protocol as P
+from score_lightning.harness.scheduler import DimensionScheduler
+from score_lightning.harness.state import HarnessState
+from score_lightning.roles.prompts import rubric_messages
+from score_lightning.roles.rubric import fallback_rubric, parse_rubric, rubric_token_span
+from score_lightning.rollout.agent import TagStops
+from score_lightning.rollout.chat import encode_chat
+from score_lightning.rollout.engine import RolloutEngine, SamplingParams, is_collective
+from score_lightning.step.types import RubricSample
+
+
+@dataclass(frozen=True)
+class RubricSampling:
+    """The evaluator's rubric-sampling settings (``evaluator.*`` in the config)."""
+
+    max_tokens: int
+    temperature: float
+    max_prompt_tokens: int
+    max_queries: int  # queries of the global batch shown in the rubric prompt
+    static: bool = False  # never sample: always the harness fallback (plain GRPO baseline)
+
+
+def train_mask(tokenizer, response_ids: Sequence[int]) -> list[int]:
+    """1 on the tokens up to and including the end of the first ``</dimensions>``; all 1 if never closed.
+
+    The same boundary the rubric parser reads, found on decoded text (see ``rubric_token_span``).
+    """
+    span = rubric_token_span(response_ids, tokenizer.decode)
+    end = span[1] if span is not None else len(response_ids)
+    return [1] * end + [0] * (len(response_ids) - end)
+
+
+def sample_rubric(
+    engine: RolloutEngine,
+    tokenizer,
+    queries: Sequence[str],
+    evidence: Sequence[Sequence[str]],
+    state: HarnessState,
+    scheduler: DimensionScheduler,
+    settings: RubricSampling,
+) -> RubricSample:
+    """Generate and parse one rubric; an invalid one falls back to the harness rubric (tokens kept)."""
+    if settings.static:
+        return RubricSample(fallback_rubric(state), True)
+    shown = list(queries)[: settings.max_queries]
+    msgs = rubric_messages(shown, state, scheduler.required(), scheduler.avoided(), scheduler.explore(),
+                           evidence=list(evidence)[: settings.max_queries])
+    prompt = encode_chat(tokenizer, msgs, settings.max_prompt_tokens)
+    stops = TagStops(tokenizer, [P.DIMENSIONS_CLOSE])
+    params = SamplingParams(settings.max_tokens, settings.temperature, stop_token_ids=stops.token_ids,
+                            stop_strings=stops.strings)
+    gen = engine.generate([prompt], params)[0]
+    ids = list(gen.token_ids)
+    parsed = parse_rubric(tokenizer.decode(ids), state)
+    ok = parsed.valid and parsed.rubric is not None
+    return RubricSample(
+        rubric=parsed.rubric if ok else fallback_rubric(state),  # type: ignore[arg-type]
+        valid=ok, error="" if ok else parsed.error, prompt_ids=prompt, response_ids=ids,
+        train_mask=train_mask(tokenizer, ids), truncated=gen.finish_reason == "length",
+    )
+
+
+def sample_step_rubric(
+    engine: RolloutEngine,
+    tokenizer,
+    queries: Sequence[str],
+    evidence: Sequence[Sequence[str]],
+    state: HarnessState,
+    scheduler: DimensionScheduler,
+    settings: RubricSampling,
+) -> RubricSample:
+    """One rubric for the whole global batch: rank 0 samples over every rank's queries, all receive it.
+
+    Collective under data parallelism (every rank must call it). The prompt lists the global
+    batch's queries in rank order, which is also the order of a single process on the same batch.
+    A collective engine (HF generate on an FSDP-sharded model) needs every rank in each forward,
+    so there every rank generates and rank 0's sample is kept.
+    """
+    gathered = D.gather_objects((list(queries), [list(e) for e in evidence]))
+    all_queries = [q for qs, _ in gathered for q in qs]
+    all_evidence = [e for _, es in gathered for e in es]
+    sample = None
+    if D.rank() == 0 or is_collective(engine):
+        sample = sample_rubric(engine, tokenizer, all_queries, all_evidence, state, scheduler, settings)
+    return D.broadcast_object(sample)

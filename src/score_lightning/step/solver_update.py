@@ -1,0 +1,139 @@
+"""Stage 4: Phase 1, the solver's GRPO update on the shared actor.
+
+Group-normalised advantages over each query's K rewards; PPO mini-batches, micro-batches and
+epochs; clipped surrogate plus the k3 KL to the frozen reference *in the loss*; an exact global
+token mean (every micro-batch is divided by the token count of its whole mini-batch across all
+ranks, verl PR #906 / TRL #3021). ``optim.mini_batch_size`` counts queries of the *global* batch:
+each data-parallel rank takes its equal share, so one optimiser step sees the same queries on 1
+GPU as on 4 (the paper's 64 queries / 32 per mini-batch = 2 optimiser steps per epoch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from score_lightning import distributed as D
+from score_lightning.batching import TokenBatch, build_token_batch, policy_logprobs
+from score_lightning.losses import group_advantages, grpo_token_loss
+from score_lightning.rollout.trajectory import Trajectory
+
+
+@dataclass(frozen=True)
+class GRPOSettings:
+    num_rollouts: int  # K
+    temperature: float  # the solver's sampling temperature: log-probs must describe that distribution
+    mini_batch_queries: int  # global queries per optimiser step
+    micro_batch_size: int  # trajectories per forward/backward on this device
+    ppo_epochs: int
+    clip_low: float
+    clip_high: float
+    kl_coef: float
+    kl_clamp: float
+    entropy_coef: float
+    norm_adv_by_std: bool
+    adv_eps: float
+
+    @classmethod
+    def from_cfg(cls, cfg) -> "GRPOSettings":
+        o, loss = cfg.optim, cfg.loss
+        return cls(int(cfg.solver.num_rollouts), float(cfg.solver.temperature), int(o.mini_batch_size),
+                   int(o.micro_batch_size), int(o.ppo_epochs), float(loss.clip_ratio_low), float(loss.clip_ratio_high),
+                   float(loss.kl_coef), float(loss.kl_clamp), float(loss.entropy_coef), bool(loss.norm_adv_by_std),
+                   float(loss.adv_eps))
+
+    def mini_batches(self, num_queries: int, world: int) -> list[list[int]]:
+        """This rank's trajectory rows of each optimiser step.
+
+        Every rank takes ``mini_batch_size / world`` of its queries per step. They are taken *strided*
+        (query q goes to mini-batch ``q mod n``), so mini-batch j holds the same global queries on any
+        number of ranks: rank r's local query i is global query ``r * L + i`` and L is a multiple of n.
+        One process on the global batch and several processes on its shards make identical updates.
+        """
+        if self.mini_batch_queries % world:
+            raise ValueError(f"optim.mini_batch_size={self.mini_batch_queries} counts global queries and must be "
+                             f"divisible by the {world} data-parallel processes")
+        per_rank = self.mini_batch_queries // world
+        n = max(1, -(-num_queries // per_rank))
+        k = self.num_rollouts
+        return [[q * k + j for q in range(num_queries) if q % n == m for j in range(k)] for m in range(n)]
+
+
+@dataclass
+class OptimizerHooks:
+    """What the update needs from Lightning: backward, and one optimiser step (clip, finite check, step)."""
+
+    backward: Callable[[Tensor], None]
+    step: Callable[[], tuple[float, bool]]  # -> (pre-clip grad norm, stepped)
+    device: torch.device
+
+
+@dataclass
+class SolverUpdateResult:
+    """Local sums (pooled over ranks by the caller) and per-row advantages."""
+
+    advantages: Tensor  # [N]
+    sums: dict[str, float] = field(default_factory=dict)  # pg, kl, clipfrac, entropy, loss, tokens
+    grad_norms: list[float] = field(default_factory=list)
+    updates: int = 0
+    trainer_logprobs: Tensor | None = None  # pre-update log-probs [N, L-1] (for the engine mismatch metric)
+
+
+def chunked_logprobs(model: nn.Module, batch: TokenBatch, temperature: float, micro: int, device) -> Tensor:
+    """Per-token log-probs of a whole batch, ``micro`` rows at a time, on the CPU."""
+    out = torch.zeros_like(batch.loss_mask)
+    for s in range(0, batch.input_ids.shape[0], micro):
+        idx = list(range(s, min(s + micro, batch.input_ids.shape[0])))
+        lp, _ = policy_logprobs(model, batch.rows(idx).to(device), temperature)
+        out[idx, : lp.shape[1]] = lp.float().cpu()
+    return out
+
+
+def solver_update(policy: nn.Module, ref: nn.Module | None, trajs: Sequence[Trajectory], rewards: Tensor,
+                  settings: GRPOSettings, pad_id: int, hooks: OptimizerHooks,
+                  need_trainer_logprobs: bool = False) -> SolverUpdateResult:
+    """GRPO over this rank's trajectories (query-major, K per query). Collective under data parallelism."""
+    s = settings
+    adv = group_advantages(rewards, s.num_rollouts, normalize_std=s.norm_adv_by_std, eps=s.adv_eps)
+    batch = build_token_batch([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
+                              [t.response_mask for t in trajs], pad_id)
+    mini_batches = s.mini_batches(len(trajs) // s.num_rollouts, D.world_size())
+    off_policy = s.ppo_epochs > 1 or len(mini_batches) > 1
+    old_lp = ref_lp = None
+    with torch.no_grad():
+        if off_policy or need_trainer_logprobs:  # after the first optimiser step the policy has moved
+            old_lp = chunked_logprobs(policy, batch, s.temperature, s.micro_batch_size, hooks.device)
+        if s.kl_coef > 0 and ref is not None:
+            ref_lp = chunked_logprobs(ref, batch, s.temperature, s.micro_batch_size, hooks.device)
+    result = SolverUpdateResult(adv, {k: 0.0 for k in ("pg", "kl", "clipfrac", "entropy", "tokens", "loss")},
+                                trainer_logprobs=old_lp)
+    world = D.world_size()
+    for _epoch in range(s.ppo_epochs):
+        for rows in mini_batches:
+            mb_tokens = D.global_sum(float(batch.rows(rows).num_tokens))
+            if mb_tokens == 0:  # same on every rank: all skip together
+                continue
+            for ms in range(0, len(rows), s.micro_batch_size):
+                idx = rows[ms:ms + s.micro_batch_size]
+                sub = batch.rows(idx).to(hooks.device)
+                width = sub.loss_mask.shape[1]
+                logp, ent = policy_logprobs(policy, sub, s.temperature, with_entropy=True, entropy_grad=s.entropy_coef > 0)
+                old = old_lp[idx, :width].to(hooks.device) if (old_lp is not None and off_policy) else logp.detach()
+                ref_rows = ref_lp[idx, :width].to(hooks.device) if ref_lp is not None else None
+                loss_sum, st = grpo_token_loss(
+                    logp, old, ref_rows, adv[idx].to(hooks.device), sub.loss_mask, clip_low=s.clip_low,
+                    clip_high=s.clip_high, kl_coef=s.kl_coef, entropy_coef=s.entropy_coef, entropy=ent,
+                    kl_clamp=s.kl_clamp,
+                )
+                # exact global token mean; DDP/FSDP average gradients over ranks, hence * world size
+                hooks.backward(loss_sum * (world / mb_tokens))
+                for key in ("pg", "kl", "clipfrac", "entropy", "tokens"):
+                    result.sums[key] += float(st[key])
+                result.sums["loss"] += float(loss_sum.detach())
+            norm, ok = hooks.step()
+            result.grad_norms.append(norm)
+            result.updates += int(ok)
+    return result

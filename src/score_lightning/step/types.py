@@ -1,0 +1,47 @@
+"""Typed records passed between the stages of a SCORE step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from score_lightning.roles.rubric import Rubric
+from score_lightning.rollout.trajectory import Trajectory
+
+
+@dataclass
+class RubricSample:
+    """The step's rubric and, when the evaluator wrote it, the tokens REINFORCE trains.
+
+    ``prompt_ids``/``response_ids`` are ``None`` when no rubric was sampled (static rubric). An
+    invalid sample keeps its tokens: the evaluator is still trained on them (with the
+    ``invalid_rubric_reward``) while the solver is conditioned on the harness fallback ``rubric``.
+    Plain data only, so rank 0 can broadcast it to every data-parallel rank.
+    """
+
+    rubric: Rubric
+    valid: bool
+    error: str = ""
+    prompt_ids: list[int] | None = None
+    response_ids: list[int] | None = None
+    train_mask: list[int] | None = None  # 1 on the response tokens up to the end of </dimensions>
+    truncated: bool = False
+
+    @property
+    def sampled(self) -> bool:
+        return self.response_ids is not None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.response_ids) if self.response_ids else 0
+
+
+@dataclass
+class StepRollouts:
+    """Everything one SCORE step generated on this rank, kept together for rewards and logging."""
+
+    queries: list[str]
+    rubric: RubricSample
+    evidence: list[list[str]]  # D_q^0: top document ids per query
+    evidence_errors: int
+    solver: list[Trajectory]  # query-major: query i's K rollouts at i*K .. i*K+K-1
+    scoring: list[Trajectory] = field(default_factory=list)  # one per query
