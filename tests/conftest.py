@@ -73,3 +73,38 @@ def tokenizer(tiny_ckpt):
     from score_lightning.models import load_tokenizer
 
     return load_tokenizer(tiny_ckpt)
+
+
+def _real_checkpoint(kind: str, cache_dir: Path) -> Path:
+    from real_checkpoints import MissingTokenizerPackage, ensure_real_checkpoint
+
+    try:
+        return ensure_real_checkpoint(kind, cache_dir / "models")
+    except MissingTokenizerPackage as exc:  # fail, never skip: a missing fixture must not pass green
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def qwen_ckpt(cache_dir) -> Path:
+    """A random-weight Qwen2 checkpoint with Qwen2.5-Instruct's tokenizer, template and configs."""
+    return _real_checkpoint("qwen2_5", cache_dir)
+
+
+@pytest.fixture(scope="session")
+def llama_ckpt(cache_dir) -> Path:
+    """A random-weight Llama checkpoint with a Llama-3 tokenizer and the Instruct template and EOS."""
+    return _real_checkpoint("llama3", cache_dir)
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer(qwen_ckpt):
+    from score_lightning.models import load_tokenizer
+
+    return load_tokenizer(qwen_ckpt)
+
+
+@pytest.fixture(scope="session")
+def llama_tokenizer(llama_ckpt):
+    from score_lightning.models import load_tokenizer
+
+    return load_tokenizer(llama_ckpt)

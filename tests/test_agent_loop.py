@@ -145,3 +145,19 @@ def test_real_hf_engine_agent_loop_keeps_generated_ids(tiny_ckpt, tokenizer, bm2
         assert all(lp <= 0.0 for lp, m in zip(t.engine_logprobs, t.response_mask) if m)
     # every generated segment appears verbatim in some trajectory (no re-tokenisation)
     assert sum(len(g) for g in gen_ids) == sum(t.num_model_tokens for t in trajs)
+
+
+def test_stop_rules_for_tags_split_into_several_tokens(qwen_tokenizer):
+    """Where a turn stops and which tag ended it, when ``</search>`` is ``</`` ``search`` ``>\\n`` (Qwen2.5)."""
+    from score_lightning.rollout.stops import completed_tag, first_stop
+
+    tok = qwen_tokenizer
+    ids = _prompt(tok, "<think>x</think><search>json</search>\nmore words")
+    n = first_stop(ids, tok.decode, (), (P.SEARCH_CLOSE,))
+    turn = tok.decode(ids[:n])
+    assert turn == "<think>x</think><search>json</search>\n"  # the token completing the tag is kept whole
+    assert first_stop(ids, tok.decode, (ids[2],), (P.SEARCH_CLOSE,)) == 3  # a stop id before the string wins
+    assert first_stop(ids, tok.decode, (), (P.ANSWER_CLOSE,)) is None
+    assert completed_tag(ids[:n], tok.decode, (P.SEARCH_CLOSE, P.ANSWER_CLOSE)) == (P.SEARCH_CLOSE, len(turn) - 1)
+    assert completed_tag(ids[:n + 1], tok.decode, (P.SEARCH_CLOSE,)) is None  # completed before the last token
+    assert completed_tag(ids[:n - 1], tok.decode, (P.SEARCH_CLOSE,)) is None  # not complete yet

@@ -14,47 +14,25 @@ import time
 import pytest
 import torch
 
-# Before vllm is imported anywhere: the in-process engine (weights are passed by reference) and a
-# small CPU KV cache.
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-
-from score_lightning import protocol as P  # noqa: E402
-from score_lightning.fsdp import iter_full_params  # noqa: E402
-from score_lightning.rollout.engine import SamplingParams  # noqa: E402
-
-from helpers import FAST, ROOT, read_scalars  # noqa: E402
+from chain_models import bigram_chain_model
+from helpers import FAST, ROOT, read_scalars
+from score_lightning import protocol as P
+from score_lightning.fsdp import iter_full_params
+from score_lightning.rollout.engine import SamplingParams
+from vllm_fixtures import (  # sets the engine's environment before vllm is imported (at test setup)
+    check_greedy_matches_hf_after_sync, engine_fixture, hf_engine, hf_model_fixture,
+)
 
 pytestmark = pytest.mark.vllm  # conftest fails these tests when vllm cannot be imported
 
-
-@pytest.fixture(scope="module")
-def engine(tiny_ckpt):
-    from score_lightning.rollout.vllm_engine import VLLMEngine
-
-    eng = VLLMEngine(str(tiny_ckpt), dtype="float32", enforce_eager=True, max_model_len=2048, max_batch_size=64)
-    print(f"\nvLLM engine start: {eng.start_s:.1f} s")
-    yield eng
-    eng.close()
-
-
-@pytest.fixture()
-def hf_model(tiny_ckpt):
-    from score_lightning.models import load_policy
-
-    return load_policy(tiny_ckpt, "float32").eval()
+engine = engine_fixture("tiny_ckpt", max_batch_size=64)
+hf_model = hf_model_fixture("tiny_ckpt")
 
 
 def _prompts(tokenizer) -> list[list[int]]:
     texts = ["How does asyncio schedule coroutines?", "def f(x): return <search>json</search>",
              "The quick brown fox", "Explain the difference between pickle and marshal."]
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-
-
-def _hf_engine(model, tokenizer):
-    from score_lightning.rollout.hf_engine import HFEngine
-
-    return HFEngine(lambda: model, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer)
 
 
 def test_generates_with_logprobs_stop_ids_and_stop_strings(engine, hf_model, tokenizer):
@@ -117,25 +95,6 @@ def test_sampled_logprobs_match_trainer_logprobs(engine, hf_model, tokenizer):
     assert logprob_mismatch(trajs, raw_lp) > 10 * diff
 
 
-def _bigram_chain_model(model, tokenizer, chain: list[int]) -> None:
-    """Turn the model into a bigram model that writes ``chain`` (token after token), in place.
-
-    With every layer's output projections zeroed the residual stream is the token embedding, so
-    the logits depend only on the last token: embedding i is the unit vector e_slot(i), and the
-    lm_head row of each chain token points at its predecessor's slot (logit ~100 vs ~0).
-    """
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        hidden = model.config.hidden_size
-        assert len(set(chain)) == len(chain) and len(chain) < hidden
-        for slot, tok in enumerate(chain):
-            model.model.embed_tokens.weight[tok] = torch.nn.functional.one_hot(torch.tensor(slot), hidden).float()
-        for slot, tok in enumerate(chain[1:]):
-            model.lm_head.weight[tok] = 10.0 * torch.nn.functional.one_hot(torch.tensor(slot), hidden).float()
-
-
 def test_agent_loop_runs_over_vllm_with_bm25(engine, hf_model, tokenizer, bm25):
     """A weight-edited model that always searches "json" twice, then answers: the loop over vLLM + BM25."""
     from score_lightning.rollout.agent import AgentConfig, run_agent
@@ -149,7 +108,7 @@ def test_agent_loop_runs_over_vllm_with_bm25(engine, hf_model, tokenizer, bm25):
     chain = [newline, tokenizer.convert_tokens_to_ids(P.SEARCH_OPEN), *enc("json"),
              tokenizer.convert_tokens_to_ids(P.SEARCH_CLOSE), tokenizer.convert_tokens_to_ids(P.ANSWER_OPEN),
              *enc("pickle"), tokenizer.convert_tokens_to_ids(P.ANSWER_CLOSE)]
-    _bigram_chain_model(hf_model, tokenizer, chain)
+    bigram_chain_model(hf_model, chain)
     engine.sync_weights(iter_full_params(hf_model))
     cfg = AgentConfig(max_tool_calls=2, max_response_tokens=200, max_observation_tokens=24, topk=2, temperature=1.0)
     trajs = run_agent(engine, tokenizer, [prompt, prompt], bm25, cfg, metas=[{"k": 0}, {"k": 1}])
@@ -167,34 +126,13 @@ def test_agent_loop_runs_over_vllm_with_bm25(engine, hf_model, tokenizer, bm25):
         assert all(lp == 0.0 for lp, m in zip(t.engine_logprobs, t.response_mask) if not m)
         assert all(lp > -1e-3 for lp, m in zip(t.engine_logprobs, t.response_mask) if m)
     # the HF engine on the same weights walks the same path token for token
-    hf = run_agent(_hf_engine(hf_model, tokenizer), tokenizer, [prompt], bm25, cfg)[0]
+    hf = run_agent(hf_engine(hf_model, tokenizer), tokenizer, [prompt], bm25, cfg)[0]
     assert hf.response_ids == trajs[0].response_ids and hf.response_mask == trajs[0].response_mask
 
 
 def test_weight_sync_makes_greedy_output_equal_trainer_greedy(engine, hf_model, tokenizer):
     """After a sync, vLLM's greedy tokens equal the HF trainer model's, and differ from before (fp32)."""
-    hf = _hf_engine(hf_model, tokenizer)
-    prompts = _prompts(tokenizer)
-    greedy = SamplingParams(max_new_tokens=32, temperature=0.0)
-    engine.sync_weights(iter_full_params(hf_model))
-    before = [g.token_ids for g in engine.generate(prompts, greedy)]
-    assert before == [g.token_ids for g in hf.generate(prompts, greedy)]
-    gen = torch.Generator().manual_seed(1234)
-    with torch.no_grad():
-        for p in hf_model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    stale = [g.token_ids for g in engine.generate(prompts, greedy)]
-    assert stale == before  # nothing changes in the engine until the sync
-    t0 = time.perf_counter()
-    engine.sync_weights(iter_full_params(hf_model))
-    print(f"\nweight sync: {time.perf_counter() - t0:.3f} s for {engine.last_sync_tensors} tensors")
-    assert engine.last_sync_tensors == len(hf_model.state_dict())
-    after_vllm = engine.generate(prompts, greedy)
-    after_hf = hf.generate(prompts, greedy)
-    assert [g.token_ids for g in after_vllm] == [g.token_ids for g in after_hf]
-    assert all(a != b for a, b in zip(before, [g.token_ids for g in after_vllm]))
-    for gv, gh in zip(after_vllm, after_hf):
-        assert max(abs(a - b) for a, b in zip(gv.logprobs, gh.logprobs)) < 1e-4
+    check_greedy_matches_hf_after_sync(engine, hf_model, tokenizer, _prompts(tokenizer), 32)
 
 
 def test_train_with_vllm_rollouts_logs_weight_sync(tmp_path):

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -154,15 +154,27 @@ def ensure_tiny_checkpoint(
     out = Path(cache_dir) / f"tiny-qwen2-{key}"
     if (out / "config.json").exists() and (out / "tokenizer.json").exists():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
     log.info("building tiny checkpoint at %s", out)
-    tokenizer = train_tokenizer(_tokenizer_texts(corpus_path, extra), spec.vocab_size)
-    model = build_tiny_model(spec, tokenizer)
+
+    def build(tmp: Path) -> None:
+        tokenizer = train_tokenizer(_tokenizer_texts(corpus_path, extra), spec.vocab_size)
+        build_tiny_model(spec, tokenizer).save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+
+    return build_atomically(out, build, key_src)
+
+
+def build_atomically(out: Path, build: Callable[[Path], None], manifest: str) -> Path:
+    """Run ``build(tmp)`` in a temporary sibling of ``out``, write ``manifest`` beside it, rename into place.
+
+    Concurrent or interrupted builds never leave a half-written checkpoint that a later run would
+    trust; when two processes race, the loser's identical result is discarded.
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "score_lightning_build.json").write_text(key_src)
+        build(tmp)
+        (tmp / "score_lightning_build.json").write_text(manifest)
         try:
             os.rename(tmp, out)
         except OSError:  # another process won the race: its result is identical
@@ -184,20 +196,117 @@ def resolve_dtype(name: str) -> torch.dtype:
         raise ValueError(f"model.dtype={name!r}: allowed {sorted(_DTYPES)}") from exc
 
 
-def load_tokenizer(path: str | os.PathLike):
-    """Load a tokenizer and refuse a silently broken one (see NOTES: empty ``input_ids``)."""
+#: Decoded and compared in :func:`load_tokenizer`: every protocol tag, a newline, a space before
+#: punctuation (which ``clean_up_tokenization_spaces`` would eat) and non-ASCII text.
+ROUND_TRIP_PROBE = (
+    "def f(x): return <search>json</search>\n<think>a , b .</think>"
+    + "".join(P.PROTOCOL_TOKENS) + " naïve café [json.dumps]"
+)
+_TURN_PROBE = "SCORE_TURN_END_PROBE"
+
+
+def load_tokenizer(path: str | os.PathLike, chat_template: str | None = None):
+    """Load a checkpoint's tokenizer with the conventions every prompt, stop and parser relies on.
+
+    * **Chat template**: the checkpoint's own. One without a template (a base model) is refused
+      by name unless ``chat_template`` (``model.chat_template``: a Jinja string or a ``.jinja``
+      file) supplies one; guessing a format would train on prompts the model never saw.
+    * **End of turn**: ``eos_token`` becomes the token the chat template closes an assistant turn
+      with (Qwen ``<|im_end|>``, Llama-3 ``<|eot_id|>``), which older Llama-3 tokenizer configs
+      get wrong (``<|end_of_text|>``). Every id that ends a turn (that one, the configured EOS and
+      ``generation_config.json``'s ``eos_token_id`` list) is kept for :func:`end_of_turn_ids`.
+    * **Pad**: a tokenizer without one (Llama-3) pads with the EOS. That is safe here because
+      every batch carries explicit lengths and attention masks, never ``ids != pad``.
+    * **Exact decode**: ``clean_up_tokenization_spaces`` is turned off (it rewrites ``" ."`` to
+      ``"."``); stop strings, parsers and the rubric span all read decoded text.
+    * A round trip of :data:`ROUND_TRIP_PROBE` must be exact and non-empty (NOTES: some
+      transformers versions silently return empty ``input_ids``).
+    """
     tok = AutoTokenizer.from_pretrained(str(path))
-    probe = "def f(x): return <search>json</search>"
-    ids = tok(probe, add_special_tokens=False)["input_ids"]
-    if not ids or tok.decode(ids) != probe:
+    _set_chat_template(tok, path, chat_template)
+    tok.clean_up_tokenization_spaces = False
+    ids = tok(ROUND_TRIP_PROBE, add_special_tokens=False)["input_ids"]
+    if not ids or tok.decode(ids) != ROUND_TRIP_PROBE:
         raise RuntimeError(
             f"tokenizer at {path} does not round-trip text (got {len(ids)} ids); "
             "check the transformers version (pinned >=5.16.1,<5.20)"
         )
+    configured_eos = tok.eos_token_id
+    turn_end = _template_turn_end(tok)
+    if turn_end is not None and turn_end != tok.eos_token:
+        log.warning("tokenizer at %s: eos_token %r -> %r, the token its chat template ends turns with",
+                    path, tok.eos_token, turn_end)
+        tok.eos_token = turn_end
+    if tok.eos_token_id is None:
+        raise ValueError(f"tokenizer at {path} has no EOS token and its chat template ends turns with no special token")
+    ends = [tok.eos_token_id, configured_eos, *_generation_eos_ids(path)]
+    tok.score_end_of_turn_ids = tuple(dict.fromkeys(int(i) for i in ends if i is not None))
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
     return tok
+
+
+def end_of_turn_ids(tokenizer) -> tuple[int, ...]:
+    """Ids that end an assistant turn: generation stops on each, the agent reads each as EOS.
+
+    Set by :func:`load_tokenizer`; a tokenizer built elsewhere falls back to its ``eos_token_id``.
+    """
+    ids = getattr(tokenizer, "score_end_of_turn_ids", None)
+    if ids:
+        return tuple(ids)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return (int(eos),) if eos is not None else ()
+
+
+def _set_chat_template(tok, path, chat_template: str | None) -> None:
+    """Apply ``chat_template`` (a string or a file) or refuse a checkpoint that has none."""
+    if chat_template:
+        if "{" not in chat_template:  # every Jinja template has "{{" or "{%": this names a file
+            file = Path(chat_template).expanduser()
+            if not file.is_file():
+                raise ValueError(f"model.chat_template={chat_template!r} is neither a Jinja template nor a file")
+            chat_template = file.read_text(encoding="utf-8")
+        tok.chat_template = chat_template
+    if not getattr(tok, "chat_template", None):
+        raise ValueError(
+            f"checkpoint {path} has no chat template (tokenizer_config.json 'chat_template' or chat_template.jinja): "
+            "it is probably a base model. Set model.chat_template to the Jinja template (or a .jinja file) "
+            "its prompts should use"
+        )
+
+
+def _template_turn_end(tok) -> str | None:
+    """The special token the chat template writes right after an assistant message, if any."""
+    try:
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": "q"}, {"role": "assistant", "content": _TURN_PROBE}], tokenize=False)
+    except Exception as exc:  # a template that refuses this shape: keep the configured EOS
+        log.debug("chat template probe failed: %s", exc)
+        return None
+    if not isinstance(text, str) or _TURN_PROBE not in text:
+        return None
+    rest = text[text.rfind(_TURN_PROBE) + len(_TURN_PROBE):]
+    specials = {t.content for t in getattr(tok, "added_tokens_decoder", {}).values() if t.special}
+    specials.update(getattr(tok, "all_special_tokens", []) or [])
+    return next((s for s in sorted(specials, key=len, reverse=True) if s and rest.startswith(s)), None)
+
+
+def _generation_eos_ids(path) -> list[int]:
+    """``eos_token_id`` of the checkpoint's ``generation_config.json`` (an int or a list), if any."""
+    from transformers import GenerationConfig
+
+    local = Path(str(path))
+    if local.is_dir() and not (local / "generation_config.json").exists():
+        return []
+    try:
+        eos = GenerationConfig.from_pretrained(str(path)).eos_token_id
+    except (OSError, ValueError) as exc:
+        log.debug("no generation config for %s: %s", path, exc)
+        return []
+    if eos is None:
+        return []
+    return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
 
 
 def load_policy(path: str | os.PathLike, dtype: str = "float32", gradient_checkpointing: bool = False,

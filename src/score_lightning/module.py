@@ -57,7 +57,7 @@ class ScoreModule(LightningModule):
         self.cfg, self.model_path = cfg, model_path
         from score_lightning.models import load_tokenizer
 
-        self.tokenizer = load_tokenizer(tokenizer_path or model_path)
+        self.tokenizer = load_tokenizer(tokenizer_path or model_path, chat_template=cfg.model.get("chat_template"))
         self.K = int(cfg.solver.num_rollouts)
         self.score_step = self.data_cursor = 0
         self._harness_state = HarnessState.from_dict(OmegaConf.to_container(cfg.harness.initial_state, resolve=True))

@@ -56,6 +56,7 @@ class GenerateConfig:
     engine: str = "hf"  # hf | vllm
     engine_kwargs: dict = field(default_factory=dict)  # extra VLLMEngine keyword arguments
     retriever: str = "bm25"  # bm25 | http
+    chat_template: str | None = None  # for a checkpoint without one (an export carries the training run's)
     retriever_url: str | None = None
     corpus: str | None = None  # bm25 corpus; default: the embedded stdlib corpus
     index_dir: str | None = None  # bm25 index cache; default: built in memory
@@ -148,7 +149,7 @@ def generate_articles(
     if tokenizer is None:
         from score_lightning.models import load_tokenizer
 
-        tokenizer = load_tokenizer(cfg.model)
+        tokenizer = load_tokenizer(cfg.model, chat_template=cfg.chat_template)
     own_engine = engine is None
     if own_engine:
         engine = build_engine(cfg, tokenizer)

@@ -20,5 +20,6 @@ def retriever_from_config(rcfg: DictConfig, cache_dir: str | Path) -> Retriever:
         return build_retriever(
             "http", url=rcfg.url, timeout_s=float(rcfg.get("timeout_s", 10.0)),
             max_retries=int(rcfg.get("max_retries", 3)), backoff_s=float(rcfg.get("backoff_s", 0.25)),
+            token_env=str(rcfg.get("token_env") or "SCORE_RETRIEVER_TOKEN"),
         )
     return build_retriever(rcfg.kind)

@@ -10,6 +10,7 @@ says what is retryable (:class:`_Retryable`) and counts attempts.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -43,7 +44,8 @@ class HTTPRetriever:
     """
 
     def __init__(self, url: str, timeout_s: float = 10.0, max_retries: int = 3,
-                 backoff_s: float = 0.25, backoff_factor: float = 2.0) -> None:
+                 backoff_s: float = 0.25, backoff_factor: float = 2.0, token: str | None = None,
+                 token_env: str = "SCORE_RETRIEVER_TOKEN") -> None:
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         if not url.startswith(("http://", "https://")):
@@ -56,6 +58,11 @@ class HTTPRetriever:
         self.num_requests = 0
         self.num_failures = 0
         self._session = requests.Session()
+        # Bearer token for a server started with one: ``token``, else ``$token_env``; empty = none.
+        self.token_env = token_env
+        token = token if token is not None else os.environ.get(token_env)
+        if token:
+            self._session.headers["Authorization"] = f"Bearer {token}"
         self._sleep = time.sleep  # replaceable in tests
 
     def _attempt(self, payload: dict, n_queries: int) -> list[list[SearchHit]]:
@@ -67,6 +74,9 @@ class HTTPRetriever:
             raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
         if resp.status_code >= 500:
             raise _Retryable(f"HTTP {resp.status_code}: {resp.text[:200]}")
+        if resp.status_code == 401:
+            raise RetrievalError(f"retriever at {self.url} answered HTTP 401 unauthorized: set {self.token_env} "
+                                 f"to the server's token (not retried): {resp.text[:200]}")
         if resp.status_code >= 400:
             raise RetrievalError(
                 f"retriever at {self.url} rejected the request with HTTP {resp.status_code} "

@@ -4,6 +4,12 @@ Turn structure: generate until ``</search>``, the role's finish tag or EOS; run 
 ``<observation>…</observation>`` (mask 0, truncated to a token budget); repeat up to
 ``max_tool_calls``; then one final turn that may only finish. Malformed actions get a fixed
 "invalid action" observation and are counted, never raised.
+
+Real tokenizers split tags into several BPE pieces, and the piece that completes a tag may carry
+more text (``>\n`` ends ``</search>\n``). A turn's action is the tag its last token completed
+(:mod:`score_lightning.rollout.stops`), the overhang stays in the turn, and the token ids are kept
+exactly as generated. Observations are tokenised on their own and appended, so their mask is exact
+even where BPE would have merged text across the boundary.
 """
 
 from __future__ import annotations
@@ -16,7 +22,10 @@ from typing import Sequence
 from score_lightning import protocol as P
 from score_lightning.retrieval.base import RetrievalError, Retriever
 from score_lightning.rollout.engine import RolloutEngine, SamplingParams, is_collective
+from score_lightning.rollout.stops import TagStops, completed_tag
 from score_lightning.rollout.trajectory import Trajectory
+
+__all__ = ["Action", "AgentConfig", "TagStops", "format_observation", "parse_search_action", "run_agent"]
 
 log = logging.getLogger(__name__)
 
@@ -70,17 +79,6 @@ def parse_search_action(segment: str) -> Action:
     return Action("search", query=query)
 
 
-class TagStops:
-    """Stop criteria for a set of tags: token ids when a tag is one token, else stop strings."""
-
-    def __init__(self, tokenizer, tags: Sequence[str]):
-        ids, strings = [], []
-        for tag in tags:
-            enc = tokenizer(tag, add_special_tokens=False)["input_ids"]
-            (ids.append(enc[0]) if len(enc) == 1 else strings.append(tag))
-        self.token_ids, self.strings = tuple(ids), tuple(strings)
-
-
 def format_observation(hits, budget_tokens: int, tokenizer) -> tuple[list[int], list[str]]:
     """Token ids of ``<observation>…</observation>`` with the passage text cut to ``budget_tokens``.
 
@@ -131,32 +129,29 @@ def run_agent(
                 room = cfg.max_response_tokens - len(t.response_ids)
                 ids = gen.token_ids[:room]
                 lps = gen.logprobs[:room] if gen.logprobs is not None else None
-                cut = len(ids) < len(gen.token_ids)
                 t.append(ids, 1, lps)
-                segment = tokenizer.decode(ids)
-                if cut or (gen.finish_reason == "length" and not segment.endswith(cfg.finish_tag)):
+                ended = None if len(ids) < len(gen.token_ids) else _turn_end(ids, tokenizer, stops)
+                if ended is None:  # cut by the budget, or stopped for no reason we know: treat as cut
                     t.truncated = True
                     continue
-                if segment.endswith(cfg.finish_tag) or (ids and ids[-1] == getattr(tokenizer, "eos_token_id", None)):
+                segment = tokenizer.decode(ids)
+                if ended != P.SEARCH_CLOSE:  # the finish tag or an end-of-turn token
                     if segment.rstrip().endswith(P.SEARCH_OPEN) or _unclosed_search(segment):
-                        # EOS inside an open search call: a malformed action, answer it and go on
+                        # the turn ended inside an open search call: a malformed action, answer it and go on
                         pending.append((i, ""))
                         t.invalid_actions += 1
                         t.tool_calls += 1
                         continue
                     t.finished = True
                     continue
-                if i in set(can_search) and segment.endswith(P.SEARCH_CLOSE):
-                    action = parse_search_action(segment)
-                    t.tool_calls += 1
-                    if action.kind == "search":
-                        pending.append((i, action.query))
-                        t.search_queries.append(action.query)
-                    else:
-                        t.invalid_actions += 1
-                        pending.append((i, ""))
-                    continue
-                t.truncated = True  # stopped for an unknown reason: treat as cut
+                action = parse_search_action(segment)
+                t.tool_calls += 1
+                if action.kind == "search":
+                    pending.append((i, action.query))
+                    t.search_queries.append(action.query)
+                else:
+                    t.invalid_actions += 1
+                    pending.append((i, ""))
         _answer_searches(pending, trajs, retriever, cfg, tokenizer)
         active = [i for i in active if not trajs[i].finished and not trajs[i].truncated]
     return trajs
@@ -169,6 +164,21 @@ def _any_active(active: list[int], lockstep: bool) -> bool:
     from score_lightning import distributed as D
 
     return D.global_max(len(active)) > 0
+
+
+def _turn_end(ids: list[int], tokenizer, stops: TagStops) -> str | None:
+    """How a generated turn ended: one of the stop tags, ``"eos"`` (an end-of-turn id), or ``None``.
+
+    A tag is recognised when the turn's last token completed it, even if that token carries more
+    text (``</search>\n``): see :func:`~score_lightning.rollout.stops.completed_tag`. The ids stay
+    exactly as generated; the overhang is simply part of the turn.
+    """
+    if not ids:
+        return None
+    if ids[-1] in stops.end_ids:
+        return "eos"
+    found = completed_tag(ids, tokenizer.decode, stops.tags)
+    return found[0] if found is not None else None
 
 
 def _unclosed_search(segment: str) -> bool:

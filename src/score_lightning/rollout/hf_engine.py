@@ -1,13 +1,31 @@
-"""HF transformers ``generate`` as a rollout engine, sharing the trainer's module (no weight copy)."""
+"""HF transformers ``generate`` as a rollout engine, sharing the trainer's module (no weight copy).
+
+Two things a real checkpoint brings that the tiny one does not:
+
+* its ``generation_config.json`` carries sampling defaults (Qwen2.5-Instruct: repetition_penalty
+  1.05, top_k 20, top_p 0.8) that ``generate`` would silently merge into every call. The policy
+  would then sample from a distribution the trainer's log-probs (``softmax(logits / T)``) do not
+  describe, and greedy output would differ from vLLM's. The engine generates with a blank
+  generation config, so only what :class:`SamplingParams` says applies;
+* stop strings: a tag is several tokens, and the token completing it may carry more text. HF's
+  own ``stop_strings`` (``StopStringCriteria``) preprocesses the whole vocabulary on every call
+  (its cache key is ``get_vocab()``'s key order, which differs between calls): 3-5 s per
+  ``generate`` with a 152k vocabulary on CPU. :class:`_StopStrings` instead decodes a short
+  window of each row's newest tokens per step and stops on the token that completes a string,
+  the rule :func:`~score_lightning.rollout.stops.first_stop` applies afterwards to find the cut.
+"""
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+import contextlib
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from score_lightning.rollout.engine import Generation, SamplingParams
+from score_lightning.rollout.stops import first_stop
 
 
 class HFEngine:
@@ -17,11 +35,18 @@ class HFEngine:
     latest weights and ``sync_weights`` has nothing to do.
     """
 
-    def __init__(self, model_getter: Callable[[], nn.Module], pad_token_id: int, eos_token_id: int,
+    def __init__(self, model_getter: Callable[[], nn.Module], pad_token_id: int, eos_token_id: int | Sequence[int],
                  tokenizer=None, max_batch_size: int = 64, collective: bool = False):
+        from score_lightning.models import end_of_turn_ids
+
         self._model_getter = model_getter
         self.pad_token_id = pad_token_id
-        self.eos_token_id = eos_token_id
+        eos = [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id]
+        if tokenizer is not None:  # every end-of-turn id of the checkpoint (generation_config's EOS list too)
+            eos += list(end_of_turn_ids(tokenizer))
+        #: ids that end generation besides the per-call stop ids; the first is the primary EOS
+        self.eos_token_ids = tuple(dict.fromkeys(eos))
+        self.eos_token_id = self.eos_token_ids[0]
         self.tokenizer = tokenizer  # needed only for stop_strings
         self.max_batch_size = max_batch_size
         #: the module is FSDP-sharded over several processes: every forward is a collective, so every
@@ -60,7 +85,7 @@ class HFEngine:
             input_ids[i, width - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
             attention[i, width - len(p):] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
-        eos = sorted({self.eos_token_id, *params.stop_token_ids})
+        eos = sorted({*self.eos_token_ids, *params.stop_token_ids})
         sample = params.temperature > 0
         kwargs = dict(
             input_ids=input_ids, attention_mask=attention, max_new_tokens=params.max_new_tokens,
@@ -70,13 +95,17 @@ class HFEngine:
         if sample:
             kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
         if params.stop_strings:
-            kwargs.update(stop_strings=list(params.stop_strings), tokenizer=self.tokenizer)
+            if self.tokenizer is None:
+                raise ValueError("HFEngine needs the tokenizer to stop on strings (multi-token tags)")
+            kwargs.update(stopping_criteria=StoppingCriteriaList(
+                [_StopStrings(self.tokenizer.decode, params.stop_strings, width)]))
         was_training = model.training
         model.eval()
         recorder = _SampledLogprobs(params.temperature if sample else 1.0) if params.logprobs else None
         handle = model.register_forward_hook(recorder, with_kwargs=True) if recorder is not None else None
         try:
-            res = model.generate(**kwargs)
+            with _blank_generation_config(model):
+                res = model.generate(**kwargs)
         finally:
             if handle is not None:
                 handle.remove()
@@ -84,24 +113,50 @@ class HFEngine:
         new = res.sequences[:, width:].cpu()
         lp = recorder.finish(res.sequences[:, width:]) if recorder is not None and new.shape[1] else None
         gens = []
-        stops = set(eos)
+        decode = self.tokenizer.decode if self.tokenizer is not None else None
         for i in range(new.shape[0]):
             row = new[i].tolist()
-            n = len(row)
-            finish = "length"
-            for j, t in enumerate(row):
-                if t in stops:
-                    n, finish = j + 1, "stop"
-                    break
-            if finish == "length" and params.stop_strings and self.tokenizer is not None:
-                # rows stopped by a stop string are right-padded by generate(): strip the padding
-                while n and row[n - 1] == self.pad_token_id:
-                    n -= 1
-                if any(self.tokenizer.decode(row[:n]).endswith(s) for s in params.stop_strings):
-                    finish = "stop"
-            ids = row[:n]
-            gens.append(Generation(ids, lp[i, :n].tolist() if lp is not None else None, finish))
+            n = first_stop(row, decode, eos, params.stop_strings)
+            ids = row if n is None else row[:n]
+            gens.append(Generation(ids, lp[i, :len(ids)].tolist() if lp is not None else None,
+                                   "length" if n is None else "stop"))
         return gens
+
+
+class _StopStrings(StoppingCriteria):
+    """Stops a row on the generated token that completes one of ``strings`` (prompt text excluded).
+
+    Only the last ``window`` generated tokens are decoded: a string of m UTF-8 bytes spans at most
+    m tokens plus one partial. A string counts when decoding the window finds more occurrences
+    than decoding it without its last token, i.e. the newest token completed it.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str], strings: Sequence[str], prompt_width: int):
+        self.decode, self.strings, self.start = decode, tuple(strings), prompt_width
+        self.window = max(len(s.encode("utf-8")) for s in self.strings) + 2
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        new = input_ids[:, self.start:]
+        tail = new[:, -self.window:].tolist() if new.shape[1] else [[] for _ in range(new.shape[0])]
+        done = []
+        for ids in tail:
+            text, before = self.decode(ids), self.decode(ids[:-1])
+            done.append(any(text.count(s) > before.count(s) for s in self.strings))
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+@contextlib.contextmanager
+def _blank_generation_config(model: nn.Module) -> Iterator[None]:
+    """Generate without the checkpoint's sampling defaults (see the module docstring); restored after."""
+    saved = getattr(model, "generation_config", None)
+    if saved is None:
+        yield
+        return
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = saved
 
 
 class _SampledLogprobs:

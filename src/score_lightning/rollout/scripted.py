@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from score_lightning import protocol as P
 from score_lightning.rollout.engine import Generation, SamplingParams
+from score_lightning.rollout.stops import first_stop
 
 _QUESTION_RE = re.compile(r"Question: (.*?)\n\n", re.DOTALL)
 _FIRST_QUERY_RE = re.compile(r"Queries:\n1\. (.*?)\n")
@@ -119,18 +120,14 @@ class ScriptedEngine:
         return best
 
     def _cut(self, ids: list[int], params: SamplingParams) -> tuple[list[int], str]:
-        """Stop after the first stop id / EOS, or at the token completing a stop string; then the budget."""
-        stops = set(params.stop_token_ids) | {getattr(self.tok, "eos_token_id", None)}
-        finish = "length"
-        for j, t in enumerate(ids):
-            if t in stops:
-                ids, finish = ids[: j + 1], "stop"
-                break
-        if params.stop_strings:
-            for j in range(1, len(ids) + 1):
-                if any(s in self.tok.decode(ids[:j]) for s in params.stop_strings):
-                    ids, finish = ids[:j], "stop"
-                    break
+        """Stop where a sampler would (:func:`~score_lightning.rollout.stops.first_stop`): after the first
+        stop id / end-of-turn id, or at the token completing a stop string, keeping that whole token
+        (``>\n`` when the reply goes on after the tag); then the budget."""
+        from score_lightning.models import end_of_turn_ids
+
+        stops = (*params.stop_token_ids, *end_of_turn_ids(self.tok))
+        n = first_stop(ids, self.tok.decode, stops, params.stop_strings)
+        ids, finish = (ids, "length") if n is None else (ids[:n], "stop")
         if len(ids) > params.max_new_tokens:
             ids, finish = ids[: params.max_new_tokens], "length"
         return ids, finish

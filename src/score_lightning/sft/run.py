@@ -134,7 +134,7 @@ def _build(cfg: DictConfig, model_path: str, out: Path, inputs: dict, logger) ->
     s = cfg.sft
     t0 = time.perf_counter()
     pl.seed_everything(int(s.seed), workers=True, verbose=False)
-    tokenizer = load_tokenizer(model_path)
+    tokenizer = load_tokenizer(model_path, chat_template=cfg.model.get("chat_template"))
     retriever = retriever_from_config(cfg.retriever, cfg.paths.cache_dir)
     demos, info = build_sft_demos(cfg, tokenizer, retriever)
     if not demos:

@@ -43,22 +43,20 @@ def train_mask(tokenizer, response_ids: Sequence[int]) -> list[int]:
     return [1] * end + [0] * (len(response_ids) - end)
 
 
-def sample_rubric(
-    engine: RolloutEngine,
-    tokenizer,
-    queries: Sequence[str],
-    evidence: Sequence[Sequence[str]],
-    state: HarnessState,
-    scheduler: DimensionScheduler,
-    settings: RubricSampling,
-) -> RubricSample:
+def rubric_prompt(queries: Sequence[str], evidence: Sequence[Sequence[str]], state: HarnessState,
+                  scheduler: DimensionScheduler, settings: RubricSampling) -> list[dict]:
+    """The rubric prompt's messages: the first ``max_queries`` queries with their evidence ids."""
+    n = settings.max_queries
+    return rubric_messages(list(queries)[:n], state, scheduler.required(), scheduler.avoided(), scheduler.explore(),
+                           evidence=list(evidence)[:n])
+
+
+def sample_rubric(engine: RolloutEngine, tokenizer, messages: list[dict], state: HarnessState,
+                  settings: RubricSampling) -> RubricSample:
     """Generate and parse one rubric; an invalid one falls back to the harness rubric (tokens kept)."""
     if settings.static:
         return RubricSample(fallback_rubric(state), True)
-    shown = list(queries)[: settings.max_queries]
-    msgs = rubric_messages(shown, state, scheduler.required(), scheduler.avoided(), scheduler.explore(),
-                           evidence=list(evidence)[: settings.max_queries])
-    prompt = encode_chat(tokenizer, msgs, settings.max_prompt_tokens)
+    prompt = encode_chat(tokenizer, messages, settings.max_prompt_tokens)
     stops = TagStops(tokenizer, [P.DIMENSIONS_CLOSE])
     params = SamplingParams(settings.max_tokens, settings.temperature, stop_token_ids=stops.token_ids,
                             stop_strings=stops.strings)
@@ -73,15 +71,8 @@ def sample_rubric(
     )
 
 
-def sample_step_rubric(
-    engine: RolloutEngine,
-    tokenizer,
-    queries: Sequence[str],
-    evidence: Sequence[Sequence[str]],
-    state: HarnessState,
-    scheduler: DimensionScheduler,
-    settings: RubricSampling,
-) -> RubricSample:
+def sample_step_rubric(engine: RolloutEngine, tokenizer, queries: Sequence[str], evidence: Sequence[Sequence[str]],
+                       state: HarnessState, scheduler: DimensionScheduler, settings: RubricSampling) -> RubricSample:
     """One rubric for the whole global batch: rank 0 samples over every rank's queries, all receive it.
 
     Collective under data parallelism (every rank must call it). The prompt lists the global
@@ -90,9 +81,9 @@ def sample_step_rubric(
     so there every rank generates and rank 0's sample is kept.
     """
     gathered = D.gather_objects((list(queries), [list(e) for e in evidence]))
-    all_queries = [q for qs, _ in gathered for q in qs]
-    all_evidence = [e for _, es in gathered for e in es]
+    messages = rubric_prompt([q for qs, _ in gathered for q in qs], [e for _, es in gathered for e in es], state,
+                             scheduler, settings)
     sample = None
     if D.rank() == 0 or is_collective(engine):
-        sample = sample_rubric(engine, tokenizer, all_queries, all_evidence, state, scheduler, settings)
+        sample = sample_rubric(engine, tokenizer, messages, state, settings)
     return D.broadcast_object(sample)
