@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Evaluate a trained checkpoint: generate DeepResearch-Bench-style articles, then judge them.
 
-    python scripts/evaluate.py --model outputs/run/export --queries query.jsonl --out raw_data/score.jsonl
+    python scripts/evaluate.py --model logs/tiny_score/<run>/export --queries query.jsonl --out raw_data/score.jsonl
     python scripts/evaluate.py judge --articles raw_data/score.jsonl \\
         --judge-base-url http://localhost:8001/v1 --judge-model Qwen2.5-72B-Instruct
 

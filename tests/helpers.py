@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lightning.pytorch import Callback
 from omegaconf import DictConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,3 +48,13 @@ def read_scalars(logdir: str | Path) -> dict[str, list[tuple[int, float]]]:
         for tag in ea.Tags()["scalars"]:
             out.setdefault(tag, []).extend((e.step, e.value) for e in ea.Scalars(tag))
     return out
+
+
+
+class RecordingCallback(Callback):
+    """A user's own callback, added to a run only by ``+callbacks.mine._target_=helpers.RecordingCallback``."""
+
+    batch_ends: list[int] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        RecordingCallback.batch_ends.append(int(pl_module.score_step))

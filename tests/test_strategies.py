@@ -48,14 +48,18 @@ def test_two_process_run_and_resume(tmp_path, tiny_ckpt, corpus_file, strategy):
 
 
 def test_strategy_configs_instantiate():
-    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+    from hydra.utils import instantiate
+    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
 
-    from score_lightning.training import build_strategy
-
-    assert build_strategy(compose(["strategy=single"])) == "auto"
-    ddp = build_strategy(compose(["strategy=ddp", "trainer.devices=2"]))
-    assert isinstance(ddp, DDPStrategy) and ddp._process_group_backend == "gloo"
-    fsdp = build_strategy(compose(["strategy=fsdp", "trainer.devices=2"]))
+    single = instantiate(compose(["strategy=single"]).strategy)
+    assert isinstance(single, SingleDeviceStrategy) and single.root_device.type == "cpu"
+    ddp = instantiate(compose(["strategy=ddp", "trainer.devices=2"]).strategy)
+    assert isinstance(ddp, DDPStrategy) and ddp._ddp_kwargs == {"find_unused_parameters": False}
+    separate = instantiate(compose(["strategy=ddp", "trainer.devices=2", "actor.shared=false"]).strategy)
+    assert separate._ddp_kwargs == {"find_unused_parameters": True}  # the evaluator model is unused in solver steps
+    fsdp = instantiate(compose(["strategy=fsdp", "trainer.devices=2"]).strategy)
     assert isinstance(fsdp, ModelParallelStrategy) and fsdp._data_parallel_size == 2
-    qwen = build_strategy(compose(["experiment=qwen_score"]))
+    qwen = instantiate(compose(["experiment=qwen_score"]).strategy)
     assert isinstance(qwen, ModelParallelStrategy) and qwen._data_parallel_size == 4
+    with pytest.raises(Exception, match="strategy.mixed_precision"):
+        instantiate(compose(["strategy=fsdp", "strategy.mixed_precision=fp8"]).strategy)

@@ -8,8 +8,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 
-class ConfigError(ValueError):
-    """A config value is out of range; the message names the key and the allowed values."""
+from score_lightning.errors import ConfigError  # noqa: E402  (re-exported: callers import it from here)
 
 
 def _get(cfg: DictConfig, key: str) -> Any:
@@ -111,6 +110,8 @@ def validate_config(cfg: DictConfig) -> None:
     c("solver.conclusion_line", *_BOOL)
     c("optim.eps", _num(0.0, lo_open=True), "a number > 0")
     c("strategy.name", lambda v: v in ("single", "ddp", "fsdp"), "'single', 'ddp' or 'fsdp'")
+    if OmegaConf.select(cfg, "strategy.name") == "fsdp":
+        c("strategy.mixed_precision", lambda v: v in (None, "bf16", "bfloat16"), "null or 'bf16'")
     if OmegaConf.select(cfg, "retriever.kind") == "http":
         c("retriever.url", lambda v: isinstance(v, str) and v.startswith(("http://", "https://")), "an http(s):// URL")
     for key in ("retriever.corpus_path", "data.queries_path"):
@@ -149,10 +150,17 @@ def data_parallel_size(cfg: DictConfig) -> int:
     if OmegaConf.select(cfg, "strategy.name") not in ("ddp", "fsdp"):
         return 1
     devices = OmegaConf.select(cfg, "trainer.devices")
-    nodes = OmegaConf.select(cfg, "trainer.num_nodes") or 1
-    per_node = devices if isinstance(devices, int) else (len(devices) if isinstance(devices, (list, tuple, ListConfig)) else 1)
-    tp = OmegaConf.select(cfg, "strategy.tensor_parallel_size") or 1
-    return max(1, int(per_node) * int(nodes) // int(tp))
+    devices = list(devices) if isinstance(devices, ListConfig) else devices
+    return data_parallel_processes(devices, OmegaConf.select(cfg, "trainer.num_nodes") or 1,
+                                   OmegaConf.select(cfg, "strategy.tensor_parallel_size") or 1)
+
+
+def data_parallel_processes(devices: int | str | list, num_nodes: int, tensor_parallel_size: int = 1) -> int:
+    """devices x nodes / tensor-parallel size (Lightning's own "auto" data-parallel size would mean num_nodes)."""
+    if isinstance(devices, str):
+        devices = int(devices) if devices.isdigit() else 1
+    per_node = devices if isinstance(devices, int) else len(devices)
+    return max(1, int(per_node) * int(num_nodes) // int(tensor_parallel_size))
 
 
 def _check_harness(cfg: DictConfig, errors: list[str]) -> None:

@@ -10,6 +10,7 @@ intervals, the harness period and the TensorBoard x-axis all count SCORE steps.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -22,15 +23,18 @@ from lightning.pytorch import LightningModule
 from omegaconf import DictConfig, OmegaConf
 
 from score_lightning import distributed as D
+from score_lightning.errors import TrainingHalted
 from score_lightning.harness.scheduler import DimensionScheduler
 from score_lightning.harness.state import HarnessState
 from score_lightning.harness.stats_window import StatsWindow
+from score_lightning.loggers import add_score_layout
 from score_lightning.rewards.functions import EMABaseline
 from score_lightning.rng import rng_state, seed_rank, set_rng_state
 from score_lightning.step import evaluator_reward as ER
 from score_lightning.step.evaluator_update import ReinforceSettings, evaluator_update
 from score_lightning.step.faults import FaultMonitor, guarded_step
 from score_lightning.step.record import record_rewards, record_rollouts, record_solver_update
+from score_lightning.step.report import global_values, report_distributions, report_texts, throughput
 from score_lightning.step.reward_assembly import RewardSettings, StepRewards, assemble_rewards, parse_answers
 from score_lightning.step.rollouts import RolloutSettings, initial_evidence, scoring_rollouts, solver_rollouts
 from score_lightning.step.rubric_stage import RubricSampling, sample_step_rubric
@@ -40,10 +44,6 @@ from score_lightning.step.solver_update import GRPOSettings, OptimizerHooks, sol
 from score_lightning.step.types import StepRollouts
 
 log = logging.getLogger(__name__)
-
-class TrainingHalted(RuntimeError):
-    """The run cannot continue safely (repeated non-finite updates, retrieval outage); a checkpoint was saved."""
-
 
 class ScoreModule(LightningModule):
     """The SCORE trainer. ``cfg`` is the full Hydra config (validated before construction)."""
@@ -223,7 +223,7 @@ class ScoreModule(LightningModule):
         rw = self.score(ro)
         t2 = time.perf_counter()
         record_rewards(sc, ro, rw, self.K, self.reward_settings.verifier_enabled, self.reward_settings.zero)
-        generated = record_rollouts(sc, ro)
+        record_rollouts(sc, ro)
         metrics: dict[str, float] = {}
         upd = None
         if not bool(c.solver.freeze):
@@ -260,7 +260,9 @@ class ScoreModule(LightningModule):
             sc.max(tag, value)
         metrics["rollout/retrieval_errors_step"] = self.faults.record_step(ro)
         metrics.update(sc.compute())
-        metrics.update(self._global_metrics(ro, r_eval, advantage, metrics, generated))
+        metrics.update(global_values(ro, r_eval, advantage, self))
+        metrics["throughput/tokens_per_s"] = throughput(metrics)
+        report_distributions(self.trainer, ro, rw, upd, self.score_step)
         self.last_step = {"rollouts": ro, "rewards": rw, "solver": upd, "evaluator_reward": r_eval,
                           "evaluator_advantage": advantage, "metrics": metrics}
         self.stats_window.append(metrics)
@@ -271,33 +273,12 @@ class ScoreModule(LightningModule):
         if reason is not None:
             self._halt(metrics, reason)
         log.info("SCORE step %d done: reward=%.3f valid=%.2f rubric_valid=%d consistency=%.3f tool_calls=%.2f (%.1fs)",
-                 self.score_step, metrics["solver/reward_mean"], metrics["solver/answer_valid_rate"],
+                 self.score_step - 1, metrics["solver/reward_mean"], metrics["solver/answer_valid_rate"],
                  int(ro.rubric.valid), consistency, metrics["rollout/tool_calls_mean"], time.perf_counter() - t0)
         every = int(c.logging.text_every_n_steps)
         if every > 0 and (every == 1 or self.score_step % every == 1):
-            self._log_text(step_samples(ro, rw, self.harness_state, self.tokenizer))
-
-    def _global_metrics(self, ro: StepRollouts, r_eval, advantage, metrics: dict, generated: int) -> dict[str, float]:
-        """Values already identical on every rank (the broadcast rubric, the baseline, counters)."""
-        m = {
-            "evaluator/reward": r_eval if r_eval is not None else float("nan"),
-            "evaluator/baseline": self.baseline.value,
-            "evaluator/advantage": advantage if advantage is not None else float("nan"),
-            "evaluator/rubric_valid_rate": float(ro.rubric.valid),
-            "evaluator/fallback_rubric": float(not ro.rubric.valid),
-            "harness/version": float(self.harness_state.version),
-            "solver/skipped_steps": float(self.faults.skipped_steps),
-            "rollout/retrieval_errors": float(self.faults.retrieval_errors_total),
-            "time/weight_sync_s": float(getattr(self, "last_weight_sync_s", 0.0)),
-            "throughput/tokens_per_s": metrics.get("rollout/generated_tokens", float(generated))
-            / max(metrics["time/rollout_s"] + metrics["time/scoring_s"], 1e-9),
-            "solver/lr": float(self._schedulers()[0].get_last_lr()[0]) if self._schedulers() else float(self.cfg.optim.lr),
-        }
-        if torch.cuda.is_available():
-            m["memory/peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
-        for name, freq in self.scheduler.frequencies().items():
-            m[f"dims/{name}_freq"] = float(freq)
-        return m
+            report_texts(self.trainer, step_samples(ro, rw, self.harness_state, self.tokenizer), self.score_step - 1,
+                         str(c.paths.output_dir))
 
     def _schedulers(self) -> list:
         s = self.lr_schedulers()
@@ -337,13 +318,6 @@ class ScoreModule(LightningModule):
         self.log("score_step", float(self.score_step), prog_bar=True, logger=False, batch_size=1)
         self.log("reward", clean.get("solver/reward_mean", 0.0), prog_bar=True, logger=False, batch_size=1)
 
-    def _log_text(self, texts: dict[str, str]) -> None:
-        exp = getattr(self.logger, "experiment", None) if self.logger else None
-        if exp is None or not hasattr(exp, "add_text") or self.global_rank != 0:
-            return
-        for tag, text in texts.items():
-            exp.add_text(tag, text, self.score_step)
-
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["score"] = {
@@ -371,6 +345,8 @@ class ScoreModule(LightningModule):
             dm.set_start_cursor(self.data_cursor)
 
     def on_train_start(self) -> None:
+        if self.trainer.is_global_zero:
+            add_score_layout(self.trainer.loggers)  # TensorBoard's "SCORE" custom-scalars page
         # RNG is restored last, after setup consumed whatever it needed, so sampling resumes exactly.
         if self._pending_rng is not None:
             set_rng_state(self._pending_rng)
@@ -389,6 +365,8 @@ class ScoreModule(LightningModule):
             out.mkdir(parents=True, exist_ok=True)
             self.policy.save_pretrained(out, state_dict=state, safe_serialization=True)
             self.tokenizer.save_pretrained(out)
+            # the run's resolved config beside the weights: evaluation takes the solver budgets from it
+            (out / "run_config.json").write_text(json.dumps(OmegaConf.to_container(self.cfg, resolve=True), indent=1))
         return out
 
 

@@ -3,28 +3,34 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from score_lightning.config_validation import validate_config
+from score_lightning.errors import RetrieverUnavailable
 from score_lightning.paths import corpus_path
 
 log = logging.getLogger(__name__)
 
 
 def resolve_output_dir(cfg: DictConfig) -> None:
-    """Use Hydra's run dir when Hydra runs us, so DDP child processes share the parent's folder."""
+    """Use Hydra's run dir when Hydra runs us (so DDP children share the parent's folder), then
+    resolve ``ckpt_path=last`` and resume inside the checkpoint's own run folder."""
+    overridden = False
     try:
         from hydra.core.hydra_config import HydraConfig
 
         if HydraConfig.initialized():
+            hc = HydraConfig.get()
+            overridden = any(o.split("=", 1)[0].lstrip("+~") == "paths.output_dir" for o in hc.overrides.task)
             with open_dict(cfg):
-                cfg.paths.output_dir = HydraConfig.get().runtime.output_dir
+                cfg.paths.output_dir = hc.runtime.output_dir
     except ImportError:  # pragma: no cover
         pass
+    from score_lightning.runs import resolve_resume
+
+    resolve_resume(cfg, overridden)
 
 
 def tokenizer_extra_texts() -> list[str]:
@@ -56,79 +62,85 @@ def resolve_model_path(cfg: DictConfig) -> str:
     return str(ensure_tiny_checkpoint(Path(cfg.paths.cache_dir) / "models", spec, corpus_path(cfg), tokenizer_extra_texts()))
 
 
-def build_strategy(cfg: DictConfig):
-    s = cfg.strategy
-    if s.name == "single":
-        return "auto"
-    if s.name == "ddp":
-        from lightning.pytorch.strategies import DDPStrategy
+def instantiate_or_refuse(node: DictConfig, key: str):
+    """``hydra.utils.instantiate``; a bad ``_target_`` or argument becomes a ``ConfigError`` naming ``key``."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
 
-        backend = s.get("process_group_backend") or ("gloo" if cfg.trainer.accelerator == "cpu" else None)
-        return DDPStrategy(process_group_backend=backend, find_unused_parameters=not cfg.actor.shared)
-    if s.name == "fsdp":
-        from lightning.pytorch.strategies import ModelParallelStrategy
+    from score_lightning.config_validation import ConfigError
 
-        tp = int(s.tensor_parallel_size)
-        dp = s.data_parallel_size
-        if dp in (None, "auto"):  # Lightning's "auto" would mean num_nodes; here: every process shards
-            devices = cfg.trainer.devices
-            world = (int(devices) if str(devices).isdigit() else 1) * int(cfg.trainer.num_nodes)
-            dp = max(1, world // tp)
-        return ModelParallelStrategy(
-            data_parallel_size=int(dp),
-            tensor_parallel_size=tp,
-            save_distributed_checkpoint=bool(s.save_distributed_checkpoint),
-        )
-    raise ValueError(f"strategy.name={s.name!r}: allowed 'single', 'ddp', 'fsdp'")
+    try:
+        return instantiate(node)
+    except InstantiationException as exc:
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        raise ConfigError(f"invalid config:\n  - {key}: cannot build {node.get('_target_')}: {cause}") from None
 
 
 def build_callbacks(cfg: DictConfig) -> list:
-    from hydra.utils import instantiate
+    """Every ``callbacks.<name>`` with a ``_target_``, built by ``hydra.utils.instantiate``.
 
-    from score_lightning.callbacks.checkpoint import ScoreCheckpoint
-    from score_lightning.callbacks.collapse_guard import CollapseGuard
-    from score_lightning.callbacks.meta_harness import MetaHarnessCallback
+    ``callbacks.model_checkpoint`` and ``callbacks.preemption`` are required: resume, safety halts
+    and preemption depend on them. A progress bar is dropped when ``trainer.enable_progress_bar``
+    is false.
+    """
+    from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
 
-    from score_lightning.callbacks.preemption import PreemptionCallback
+    from score_lightning.config_validation import ConfigError
 
-    cb = cfg.callbacks
-    callbacks: list = [
-        ScoreCheckpoint(dirpath=cb.model_checkpoint.dirpath, every_n_steps=int(cb.model_checkpoint.every_n_steps)),
-        PreemptionCallback(grace_s=float(cb.preemption.grace_s)),
-        MetaHarnessCallback(instantiate(cfg.harness.backend), every_n_steps=int(cb.meta_harness.every_n_steps),
-                            enabled=bool(cfg.harness.enabled)),
-    ]
-    g = cb.collapse_guard
-    if g.enabled:
-        callbacks.append(CollapseGuard(window=int(g.window), entropy_drop_ratio=float(g.entropy_drop_ratio),
-                                       entropy_floor=float(g.entropy_floor), reward_drop=float(g.reward_drop),
-                                       patience=int(g.patience), min_steps=int(g.min_steps),
-                                       best_path=os.path.join(cb.model_checkpoint.dirpath, "best.ckpt")))
-    if cfg.rollout.engine == "vllm":
-        from score_lightning.callbacks.vllm_rollout import VLLMRolloutCallback
-
-        callbacks.append(VLLMRolloutCallback(cfg.rollout))
+    missing = [k for k in ("model_checkpoint", "preemption") if "_target_" not in (cfg.callbacks.get(k) or {})]
+    if missing:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(
+            f"callbacks.{k}: required (checkpoints, resume and preemption depend on it)" for k in missing))
+    callbacks = [instantiate_or_refuse(node, f"callbacks.{name}") for name, node in cfg.callbacks.items()
+                 if isinstance(node, DictConfig) and "_target_" in node]
+    if not bool(cfg.trainer.enable_progress_bar):
+        callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     return callbacks
 
 
 def build_trainer(cfg: DictConfig, callbacks: list):
+    """The Lightning trainer, with the strategy and loggers instantiated from config."""
     import lightning.pytorch as pl
-    from lightning.pytorch.loggers import TensorBoardLogger
+    from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
 
     from score_lightning.checkpoint_io import AtomicCheckpointIO
+    from score_lightning.loggers import build_loggers
 
     t = cfg.trainer
     # FSDP writes sharded checkpoint directories through torch.distributed.checkpoint instead
     plugins = [] if cfg.strategy.name == "fsdp" else [AtomicCheckpointIO()]
-    logger = TensorBoardLogger(save_dir=cfg.logger.save_dir, name=cfg.logger.name, version="", default_hp_metric=False)
+    strategy = instantiate_or_refuse(cfg.strategy, "strategy")
     return pl.Trainer(
-        accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=build_strategy(cfg),
+        accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=strategy,
         precision=str(t.precision), max_steps=int(t.max_steps), max_epochs=-1,
-        log_every_n_steps=int(t.log_every_n_steps), enable_progress_bar=bool(t.enable_progress_bar),
-        callbacks=callbacks, logger=logger, num_sanity_val_steps=0, limit_val_batches=0,
+        log_every_n_steps=int(t.log_every_n_steps), enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),
+        callbacks=callbacks, logger=build_loggers(cfg) or False, num_sanity_val_steps=0, limit_val_batches=0,
         use_distributed_sampler=False, enable_model_summary=False, default_root_dir=cfg.paths.output_dir,
         enable_checkpointing=True, plugins=plugins,
     )
+
+
+def probe_retriever(cfg: DictConfig) -> None:
+    """Fail in seconds, before any long work, when an HTTP retriever is unreachable."""
+    if cfg.retriever.kind != "http" or not bool(cfg.retriever.get("probe_at_start", True)):
+        return
+    from score_lightning.retrieval.base import RetrievalError
+    from score_lightning.retrieval.from_config import retriever_from_config
+
+    try:
+        retriever_from_config(cfg.retriever, cfg.paths.cache_dir).search(["probe"], 1)
+    except RetrievalError as exc:
+        raise RetrieverUnavailable(
+            f"the retriever at {cfg.retriever.url} is unreachable ({exc}).\n"
+            f"  Start it:  python scripts/serve_retriever.py --port {_port(cfg.retriever.url)}\n"
+            "  or train on the in-process index:  retriever=bm25"
+        ) from None
+
+
+def _port(url: str) -> str:
+    from urllib.parse import urlparse
+
+    return str(urlparse(url).port or 8000)
 
 
 def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) -> dict:
@@ -139,14 +151,19 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
     preemption checkpoint, and :class:`~score_lightning.module.TrainingHalted` when the run stopped
     itself for safety (a checkpoint is saved in both cases).
     """
+    resolve_output_dir(cfg)
+    validate_config(cfg)  # before the heavy imports: a bad value is refused in seconds
+    probe_retriever(cfg)
     import lightning.pytorch as pl
+    import torch
 
     from score_lightning.callbacks.preemption import Preempted, PreemptionCallback
     from score_lightning.data.datamodule import QueryDataModule
+    from score_lightning.console import quiet_console
     from score_lightning.module import ScoreModule
 
-    resolve_output_dir(cfg)
-    validate_config(cfg)
+    quiet_console()
+    callbacks = build_callbacks(cfg) + list(extra_callbacks or [])
     pl.seed_everything(int(cfg.seed), workers=True)
     torch.set_float32_matmul_precision("high")
     model_path = resolve_model_path(cfg)
@@ -155,7 +172,6 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
     module = ScoreModule(cfg, model_path)
     if module_hook is not None:
         module_hook(module)
-    callbacks = build_callbacks(cfg) + list(extra_callbacks or [])
     trainer = build_trainer(cfg, callbacks)
     trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
     if any(isinstance(c, PreemptionCallback) and c.preempted for c in callbacks):

@@ -211,32 +211,19 @@ class CollapseGuard(L.Callback):
         self,
         monitor_entropy: str = "solver/entropy",
         monitor_reward: str = "solver/reward_mean",
-        window: int = 5,
-        entropy_drop_ratio: float = 0.5,
-        entropy_floor: float = 0.05,
-        reward_drop: float = 0.2,
-        patience: int = 2,
-        min_steps: int = 10,
         save_best: bool = True,
         best_path: str | None = None,
         enabled: bool = True,
-        reward_abs_floor: float = 0.01,
+        **detector: Any,
     ) -> None:
+        """``detector`` holds the :class:`CollapseDetector` settings (window, thresholds, patience, ...)."""
         super().__init__()
         self.monitor_entropy = monitor_entropy
         self.monitor_reward = monitor_reward
         self.save_best = save_best
         self.best_path = best_path
         self.enabled = enabled
-        self.detector = CollapseDetector(
-            window=window,
-            entropy_drop_ratio=entropy_drop_ratio,
-            entropy_floor=entropy_floor,
-            reward_drop=reward_drop,
-            patience=patience,
-            min_steps=min_steps,
-            reward_abs_floor=reward_abs_floor,
-        )
+        self.detector = CollapseDetector(**detector)
         self.stopped_reason: str | None = None
         self.stopped_step: int | None = None
         self.best_model_path: str | None = None

@@ -23,6 +23,7 @@ import lightning as L
 
 from score_lightning.harness.base import MetaHarness
 from score_lightning.harness.state import HarnessState
+from score_lightning.loggers import log_texts
 
 _REQUIRED = ("score_step", "harness_state", "harness_stats")
 
@@ -102,8 +103,4 @@ class MetaHarnessCallback(L.Callback):
             return
         # Indent by four spaces: TensorBoard renders text as markdown, this keeps the JSON verbatim.
         text = "\n".join("    " + line for line in state.to_json(include_pool=False).splitlines())
-        for logger in trainer.loggers:
-            experiment = getattr(logger, "experiment", None)
-            add_text = getattr(experiment, "add_text", None)
-            if callable(add_text):
-                add_text("harness/state", text, global_step=step)
+        log_texts(trainer.loggers, {"harness/state": text}, step, getattr(trainer, "default_root_dir", None))

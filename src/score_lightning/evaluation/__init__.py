@@ -53,14 +53,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--retriever-url", default=None, help="http retriever: http://HOST:PORT/retrieve")
     g.add_argument("--corpus", default=None, help="bm25 corpus JSONL {id,contents} (default: embedded stdlib corpus)")
     g.add_argument("--index-dir", default=None, help="bm25 index cache dir (default: build in memory)")
-    g.add_argument("--max-tool-calls", type=int, default=10)
-    g.add_argument("--max-response-tokens", type=int, default=4096, help="whole multi-turn response, observations included")
-    g.add_argument("--max-observation-tokens", type=int, default=512)
-    g.add_argument("--topk", type=int, default=3, help="passages per search")
+    budgets = " (default: the training run's value when --model is a run's export/, else %(default)s)"
+    g.add_argument("--max-tool-calls", type=int, default=None, help="searches per report" + budgets)
+    g.add_argument("--max-response-tokens", type=int, default=None,
+                   help="whole multi-turn response, observations included" + budgets)
+    g.add_argument("--max-observation-tokens", type=int, default=None, help="tokens per observation" + budgets)
+    g.add_argument("--topk", type=int, default=None, help="passages per search" + budgets)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--batch-size", type=int, default=8, help="queries per batch (the output is flushed per batch)")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--chat-template", default=None,
+                   help="Jinja chat template (or a .jinja file) for a checkpoint without one; exports carry theirs")
     g.add_argument("--dtype", default="auto", help="hf engine: auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
     g.add_argument("--device", default="auto", help="hf engine: auto, cpu, cuda, cuda:1, ...")
     g.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -86,13 +90,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: the solver budgets ``generate`` takes from a run's saved config, and the defaults without one
+BUDGETS = {"max_tool_calls": 10, "max_response_tokens": 4096, "max_observation_tokens": 512, "topk": 3}
+
+
+def _run_budgets(model: str) -> dict[str, int]:
+    """The solver budgets the model was trained with (``export/run_config.json``), if it is a run's export."""
+    saved = Path(model) / "run_config.json"
+    if not saved.is_file():
+        return {}
+    solver = json.loads(saved.read_text()).get("solver", {})
+    return {k: int(solver[k]) for k in BUDGETS if k in solver}
+
+
 def _generate(args: argparse.Namespace) -> int:
     from score_lightning.evaluation.generate import GenerateConfig, generate_articles
 
+    trained = _run_budgets(args.model)
+    for key, default in BUDGETS.items():  # explicit flags win, then the run's own budgets, then the defaults
+        if getattr(args, key) is None:
+            setattr(args, key, trained.get(key, default))
+    if trained:
+        logging.getLogger(__name__).info("budgets from %s/run_config.json: %s", args.model, trained)
     cfg = GenerateConfig(
         model=args.model, queries=args.queries, out=args.out, sources=args.sources, limit=args.limit,
         engine=args.engine, engine_kwargs=dict(args.engine_arg), retriever=args.retriever,
-        retriever_url=args.retriever_url, corpus=args.corpus, index_dir=args.index_dir,
+        retriever_url=args.retriever_url, corpus=args.corpus, index_dir=args.index_dir, chat_template=args.chat_template,
         max_tool_calls=args.max_tool_calls, max_response_tokens=args.max_response_tokens,
         max_observation_tokens=args.max_observation_tokens, topk=args.topk, temperature=args.temperature,
         top_p=args.top_p, batch_size=args.batch_size, seed=args.seed, dtype=args.dtype, device=args.device,

@@ -59,8 +59,15 @@ def checkpoint_digest(model_path: str | os.PathLike) -> str:
 
 
 def _retriever_identity(cfg: DictConfig) -> dict[str, Any]:
+    """What the demonstrations' observations depend on.
+
+    In-process BM25: the corpus file's content. An HTTP server: its URL, because the trainer cannot
+    see what the server indexes or how it ranks; ``retriever.serves_local_corpus=true`` declares
+    that the server is ``scripts/serve_retriever.py`` over the same corpus file, and the cold start
+    is then keyed (and reused) exactly as with ``retriever=bm25``.
+    """
     r = cfg.retriever
-    if r.kind == "bm25":
+    if r.kind == "bm25" or bool(r.get("serves_local_corpus", False)):
         return {"kind": "bm25", "corpus": _file_digest(corpus_path(cfg))}
     return {"kind": str(r.kind), "url": str(r.get("url"))}
 

@@ -74,26 +74,23 @@ def _file_lock(path: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _sft_logger(cfg: DictConfig):
-    from lightning.pytorch.loggers import TensorBoardLogger
+def _sft_loggers(cfg: DictConfig) -> list:
+    """The run's configured loggers, in an ``sft`` sub-run (``tensorboard/sft``, ``csv/sft``, ...)."""
+    from score_lightning.loggers import build_loggers
 
-    save_dir = OmegaConf.select(cfg, "logger.save_dir", default=None) or cfg.paths.output_dir
-    name = OmegaConf.select(cfg, "logger.name", default="tensorboard") or "tensorboard"
-    return TensorBoardLogger(save_dir=str(save_dir), name=str(name), version="sft", default_hp_metric=False)
+    return build_loggers(cfg, version="sft")
 
 
-def _log_to_tb(logger, metrics: dict, texts: dict[str, str], step: int = 0) -> None:
+def _log_summary(loggers: list, metrics: dict, texts: dict[str, str], output_dir: str, step: int = 0) -> None:
     """Run summary (final loss, timings, probe rates, cache hit) as ``sft/summary/*`` scalars at ``step``."""
-    exp = getattr(logger, "experiment", None)
-    if exp is None:
-        return
-    for k, v in metrics.items():
-        if isinstance(v, (int, float)) and math.isfinite(float(v)):
-            name = k[len("sft/"):] if k.startswith("sft/") else k
-            exp.add_scalar(f"sft/summary/{name}", float(v), step)
-    for k, t in texts.items():
-        exp.add_text(k, t, step)
-    exp.flush()
+    from score_lightning.loggers import log_texts
+
+    summary = {f"sft/summary/{k[len('sft/'):] if k.startswith('sft/') else k}": float(v) for k, v in metrics.items()
+               if isinstance(v, (int, float)) and math.isfinite(float(v))}
+    for lg in loggers:
+        lg.log_metrics(summary, step=step)
+        lg.save()
+    log_texts(loggers, texts, step, output_dir)
 
 
 def _sample_texts(demos: list[Demo], tokenizer) -> dict[str, str]:
@@ -108,23 +105,24 @@ def _sample_texts(demos: list[Demo], tokenizer) -> dict[str, str]:
 def run_sft(cfg: DictConfig, model_path: str) -> Path:
     """Return a checkpoint fine-tuned on the demonstrations: from the cache when its inputs are unchanged."""
     out, inputs = sft_output_path(cfg, model_path)
-    logger = _sft_logger(cfg)
+    loggers = _sft_loggers(cfg)
+    where = str(cfg.paths.output_dir)
     with _file_lock(out.parent / f".{out.name}.lock"):
         if is_complete(out):
             meta = json.loads((out / META_FILE).read_text())
             log.info("sft: reusing cached cold-start checkpoint %s (no training)", out)
             m = meta.get("metrics", {})
-            _log_to_tb(logger, {**m, "sft/cache_hit": 1.0}, {"sft/info": f"reused cached SFT checkpoint `{out}`"},
-                       step=int(m.get("sft/steps", 0)))
+            _log_summary(loggers, {**m, "sft/cache_hit": 1.0}, {"sft/info": f"reused cached SFT checkpoint `{out}`"},
+                         where, step=int(m.get("sft/steps", 0)))
             return out
         with preserved_rng():
-            meta = _build(cfg, model_path, out, inputs, logger)
-        _log_to_tb(logger, {**meta["metrics"], "sft/cache_hit": 0.0}, {"sft/info": f"trained SFT checkpoint `{out}`"},
-                   step=int(meta["metrics"].get("sft/steps", 0)))
+            meta = _build(cfg, model_path, out, inputs, loggers)
+        _log_summary(loggers, {**meta["metrics"], "sft/cache_hit": 0.0}, {"sft/info": f"trained SFT checkpoint `{out}`"},
+                     where, step=int(meta["metrics"].get("sft/steps", 0)))
     return out
 
 
-def _build(cfg: DictConfig, model_path: str, out: Path, inputs: dict, logger) -> dict:
+def _build(cfg: DictConfig, model_path: str, out: Path, inputs: dict, loggers: list) -> dict:
     import lightning.pytorch as pl
     from transformers import AutoTokenizer
 
@@ -146,7 +144,7 @@ def _build(cfg: DictConfig, model_path: str, out: Path, inputs: dict, logger) ->
     accel = str(OmegaConf.select(cfg, "trainer.accelerator", default="cpu"))
     trainer_kwargs = {"accelerator": accel, "devices": 1,
                       "enable_progress_bar": bool(OmegaConf.select(cfg, "trainer.enable_progress_bar", default=True))}
-    metrics = train_sft(model, demos, tokenizer.pad_token_id, s, trainer_kwargs, logger)
+    metrics = train_sft(model, demos, tokenizer.pad_token_id, s, trainer_kwargs, loggers or False)
     metrics["sft/demos_s"] = t_demos
     metrics["sft/num_demos"] = float(len(demos))
     probe = s.get("probe") or {}
@@ -160,7 +158,7 @@ def _build(cfg: DictConfig, model_path: str, out: Path, inputs: dict, logger) ->
         log.info("sft probe: %s", ", ".join(f"{k}={v:.2f}" for k, v in pm.items()))
     metrics["sft/total_s"] = time.perf_counter() - t0
     if bool(s.get("log_samples", True)):
-        _log_to_tb(logger, {}, _sample_texts(demos, tokenizer))
+        _log_summary(loggers, {}, _sample_texts(demos, tokenizer), str(cfg.paths.output_dir))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-sft-"))
     meta = {"inputs": inputs, "metrics": metrics, "demos": info, "base_model": str(model_path)}

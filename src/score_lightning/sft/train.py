@@ -60,10 +60,16 @@ def train_sft(model, demos: list[Demo], pad_id: int, scfg: DictConfig, trainer_k
                        min_lr_ratio=float(scfg.min_lr_ratio), grad_clip=float(scfg.grad_clip),
                        shared_prompt=bool(scfg.get("shared_prompt", True)),
                        prompt_loss_weight=float(scfg.get("prompt_loss_weight", 0.0)))
+    kwargs = dict(trainer_kwargs)
+    if kwargs.pop("enable_progress_bar", True):  # cold-start steps with an ETA (a log line without a terminal)
+        from score_lightning.callbacks.progress import ScoreProgress
+
+        kwargs["callbacks"] = [ScoreProgress(desc="cold start (SFT) steps")]
+    kwargs["enable_progress_bar"] = "callbacks" in kwargs
     trainer = pl.Trainer(
         max_steps=max_steps, max_epochs=epochs, logger=logger, enable_checkpointing=False,
         log_every_n_steps=int(scfg.log_every_n_steps), enable_model_summary=False, num_sanity_val_steps=0,
-        limit_val_batches=0, use_distributed_sampler=False, precision=str(scfg.precision), **trainer_kwargs,
+        limit_val_batches=0, use_distributed_sampler=False, precision=str(scfg.precision), **kwargs,
     )
     t0 = time.perf_counter()
     model.train()

@@ -42,8 +42,8 @@ def record_rewards(sc: StepScalars, ro: StepRollouts, rw: StepRewards, num_rollo
     sc.mean("evaluator/verification_depth_mean", float(sum(len(t.search_queries) for t in ro.scoring)), len(ro.scoring))
 
 
-def record_rollouts(sc: StepScalars, ro: StepRollouts) -> int:
-    """Search behaviour and lengths of the solver; returns the tokens this rank generated."""
+def record_rollouts(sc: StepScalars, ro: StepRollouts) -> None:
+    """Search behaviour and lengths of the solver, and the tokens generated (for throughput)."""
     solver = ro.solver
     n = len(solver)
     sc.mean("rollout/tool_calls_mean", float(sum(t.tool_calls for t in solver)), n)
@@ -52,7 +52,6 @@ def record_rollouts(sc: StepScalars, ro: StepRollouts) -> int:
     sc.sum("rollout/invalid_actions", float(sum(t.invalid_actions for t in solver)))
     generated = sum(t.num_model_tokens for t in solver + ro.scoring) + ro.rubric.num_tokens
     sc.sum("rollout/generated_tokens", float(generated))
-    return generated
 
 
 def record_solver_update(sc: StepScalars, upd: SolverUpdateResult) -> None:

@@ -1,0 +1,34 @@
+"""One clean console: each log line once, no library noise that says nothing about the run."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+
+class _DropTips(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith("💡 Tip")
+
+
+def quiet_console() -> None:
+    """Route Lightning's records through the root handlers (Hydra's), drop advertising and known noise.
+
+    Lightning attaches its own stream handler when it is imported before logging is configured, so
+    every line printed twice under Hydra. The frozen KL reference is in eval mode on purpose, and
+    per-file weight-loading bars add nothing to a training log.
+    """
+    if logging.getLogger().handlers:
+        for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+            lg = logging.getLogger(name)
+            lg.handlers.clear()
+            lg.propagate = True
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropTips())
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode.*")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover
+        pass

@@ -1,0 +1,19 @@
+"""The errors a run reports to its user as one plain ``error:`` block (no traceback), by exit code.
+
+Kept free of heavy imports: ``src/train.py`` must refuse a bad config in seconds, before torch,
+Lightning and transformers are imported.
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A config value is out of range; the message names the key and the allowed values (exit 2)."""
+
+
+class RetrieverUnavailable(RuntimeError):
+    """The configured retriever did not answer before training started (exit 2)."""
+
+
+class TrainingHalted(RuntimeError):
+    """The run cannot continue safely (repeated non-finite updates, retrieval outage); a checkpoint was saved (exit 3)."""

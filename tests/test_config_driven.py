@@ -1,0 +1,134 @@
+"""Callbacks, loggers and strategies are config-only changes; resume, export and refusals behave."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers import FAST, ROOT, RecordingCallback, compose, read_scalars
+
+STEP = FAST + ["rollout=scripted", "solver.num_rollouts=2", "solver.max_response_tokens=200",
+               "evaluator.max_response_tokens=300", "evaluator.max_rubric_tokens=160"]
+
+
+def _fit(out: Path, extra: list[str]):
+    from score_lightning.training import build_callbacks, run
+
+    cfg = compose(STEP + [f"paths.output_dir={out}"] + extra)
+    names = sorted(type(c).__name__ for c in build_callbacks(cfg))
+    run(cfg)
+    return names
+
+
+def test_csv_logger_lr_monitor_and_user_callback_from_config(tmp_path, tiny_ckpt):
+    RecordingCallback.batch_ends.clear()
+    names = _fit(tmp_path / "csv", ["trainer.max_steps=2", "logger=csv",
+                                    "+callbacks.lr_monitor._target_=lightning.pytorch.callbacks.LearningRateMonitor",
+                                    "+callbacks.lr_monitor.logging_interval=step",
+                                    "+callbacks.mine._target_=helpers.RecordingCallback", "~callbacks.collapse_guard"])
+    assert "CollapseGuard" not in names and "LearningRateMonitor" in names and "RecordingCallback" in names
+    assert RecordingCallback.batch_ends == [1, 2]  # the user's hook ran after each SCORE step
+    rows = list(csv.DictReader(open(tmp_path / "csv" / "csv" / "metrics.csv")))
+    header = set(rows[0])
+    for tag in ("solver/reward_mean", "evaluator/consistency", "solver/entropy", "harness/version"):
+        assert tag in header, tag
+    assert any(k.startswith("lr-") for k in header), header
+    assert [r["step"] for r in rows if r.get("solver/reward_mean")] == ["0", "1"]
+    # no logger takes text: samples go to a file, never silently nowhere
+    assert (tmp_path / "csv" / "text_samples.jsonl").read_text().count('"samples/trajectory"') >= 1
+    assert not (tmp_path / "csv" / "tensorboard").exists()
+
+
+def test_wandb_offline_writes_a_run(tmp_path, tiny_ckpt, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    _fit(tmp_path / "wb", ["trainer.max_steps=1", "logger=wandb", "logger.wandb.offline=true"])
+    runs = list((tmp_path / "wb" / "wandb").glob("offline-run-*"))
+    assert runs and list(runs[0].glob("*.wandb")), "no offline W&B run directory"
+
+
+def test_tensorboard_histograms_and_score_layout(tmp_path, tiny_ckpt):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _fit(tmp_path / "tb", ["trainer.max_steps=1"])
+    events = next((tmp_path / "tb" / "tensorboard").glob("events.out.tfevents.*"))
+    ea = EventAccumulator(str(events), size_guidance={"histograms": 0})
+    ea.Reload()
+    assert {"hist/reward", "hist/advantage", "hist/response_len", "hist/tool_calls"} <= set(ea.Tags()["histograms"])
+    layout = ea.PluginTagToContent("custom_scalars")
+    assert layout, "no SCORE custom-scalars layout"
+
+
+def test_required_callbacks_are_refused_by_name(tmp_path):
+    from score_lightning.config_validation import ConfigError
+    from score_lightning.training import build_callbacks
+
+    with pytest.raises(ConfigError, match="callbacks.preemption: required"):
+        build_callbacks(compose(STEP + ["~callbacks.preemption"]))
+    with pytest.raises(ConfigError, match="callbacks.mine: cannot build no.such.Callback"):
+        build_callbacks(compose(STEP + ["+callbacks.mine._target_=no.such.Callback"]))
+
+
+def test_ckpt_path_last_resumes_into_one_continuous_curve(tmp_path, tiny_ckpt):
+    from score_lightning.training import run
+
+    common = STEP + [f"paths.log_dir={tmp_path}", "task_name=resume", "callbacks.model_checkpoint.every_n_steps=1"]
+    run(compose(common + ["trainer.max_steps=2"]))
+    runs = list((tmp_path / "resume").iterdir())
+    assert len(runs) == 1
+    run(compose(common + ["trainer.max_steps=3", "ckpt_path=last"]))
+    assert [p.name for p in (tmp_path / "resume").iterdir()] == [runs[0].name], "the resume started a new run folder"
+    steps = [s for s, _ in read_scalars(runs[0] / "tensorboard")["solver/reward_mean"]]
+    assert steps == [0, 1, 2]
+
+
+def test_export_script_rebuilds_the_exported_policy(tmp_path, tiny_ckpt):
+    out = tmp_path / "run"
+    _fit(out, ["trainer.max_steps=1", "optim.lr=1e-3"])
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.run([sys.executable, "scripts/export.py", str(out / "checkpoints" / "last.ckpt"),
+                           str(tmp_path / "again")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a = load_file(next((out / "export").glob("*.safetensors")))
+    b = load_file(next((tmp_path / "again").glob("*.safetensors")))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (tmp_path / "again" / "tokenizer.json").exists()
+    # the export carries the run's config: evaluation takes the solver budgets from it
+    from score_lightning.evaluation import _run_budgets
+
+    budgets = _run_budgets(str(out / "export"))
+    cfg = compose(STEP)
+    assert budgets == {"max_tool_calls": cfg.solver.max_tool_calls, "max_response_tokens": cfg.solver.max_response_tokens,
+                       "max_observation_tokens": cfg.solver.max_observation_tokens, "topk": cfg.solver.topk}
+
+
+def _cli(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.time()
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.run([sys.executable, "src/train.py", *args, f"paths.output_dir={tmp_path}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    return proc, time.time() - t0
+
+
+def test_refused_config_is_one_error_block_without_traceback(tmp_path):
+    proc, took = _cli(["experiment=tiny_score", "solver.num_rollouts=1"], tmp_path)
+    assert proc.returncode == 2 and took < 30
+    assert "error:" in proc.stderr and "solver.num_rollouts=1" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_dead_retriever_fails_fast_naming_the_url(tmp_path):
+    proc, took = _cli(["experiment=tiny_score", "retriever=http", "retriever.url=http://127.0.0.1:9/retrieve",
+                       "retriever.max_retries=1", "trainer.max_steps=2"], tmp_path)
+    assert proc.returncode == 2 and took < 30, (proc.returncode, took)
+    assert "http://127.0.0.1:9/retrieve" in proc.stderr and "retriever=bm25" in proc.stderr
+    assert "Traceback" not in proc.stderr
