@@ -62,7 +62,7 @@ def bench_queries(n: int) -> list[str]:
 
 
 def solver_chat(queries: list[str], cfg) -> list[list[dict]]:
-    """The single-turn solver messages ScoreModule.rollout builds (static fallback rubric, no tools)."""
+    """The single-turn solver messages ``step.rollouts.solver_rollouts`` builds (static fallback rubric, no tools)."""
     from omegaconf import OmegaConf
 
     from score_lightning.harness.state import HarnessState
@@ -71,7 +71,13 @@ def solver_chat(queries: list[str], cfg) -> list[list[dict]]:
 
     state = HarnessState.from_dict(OmegaConf.to_container(cfg.harness.initial_state, resolve=True))
     rubric = fallback_rubric(state)
-    return [solver_messages(q, rubric, state, int(cfg.solver.max_tool_calls)) for q in queries]
+    return [solver_messages(q, rubric, state, int(cfg.solver.max_tool_calls), bool(cfg.solver.conclusion_line))
+            for q in queries]
+
+
+def reward_of_ids(tokenizer, ids) -> float:
+    """The fixed reward of a completion, from its token ids decoded the same way on both sides."""
+    return reward_of_text(tokenizer.decode(list(ids)))
 
 
 def reward_of_text(text: str) -> float:
@@ -100,6 +106,20 @@ def unique_rows(rows) -> list[list[int]]:
 def peak_rss_mb() -> float:
     """Peak resident set size of this process so far (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def reset_peak_rss() -> None:
+    """Reset this process's peak RSS (Linux ``VmHWM``) to its current RSS, so a later
+    :func:`peak_rss_since_reset_mb` covers only what ran in between (model loading excluded)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_rss_since_reset_mb() -> float:
+    """``VmHWM`` from ``/proc/self/status``: the peak RSS since the last :func:`reset_peak_rss`."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024.0
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def rss_mb() -> float:
@@ -141,6 +161,64 @@ def machine_line() -> str:
 
 def median(xs: list[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
+
+
+def spread(xs: list[float]) -> str:
+    """``min–max`` of a list of seconds, for the tables."""
+    return f"{min(xs):.3f}–{max(xs):.3f}" if xs else "-"
+
+
+def load_line() -> str:
+    """The 1/5/15-minute load average: on a shared machine, absolute times only compare within one run."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} (1/5/15 min) on {os.cpu_count()} CPUs"
+
+
+def summary_line(**values: Any) -> str:
+    """The one parseable last line of a benchmark: ``key=value`` pairs separated by spaces.
+
+    A float is printed with 3 decimals; ``None`` prints ``refused``: the equal-work checks failed, so
+    no ratio is given.
+    """
+    def fmt(v: Any) -> str:
+        return "refused" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v).replace(" ", "_"))
+
+    return " ".join(f"{k}={fmt(v)}" for k, v in values.items())
+
+
+def alternate(workers: dict[str, "Worker"], n_steps: int, warmup: int, show=None) -> dict[str, list[dict]]:
+    """Step two workers in turns, A B B A A B ...: only one computes at a time, and neither always goes first.
+
+    Returns each worker's step records, with ``rep`` = index after the warm-up (negative while warming up).
+    ``show(name, tag, record)`` prints a progress line.
+    """
+    names = list(workers)
+    steps: dict[str, list[dict]] = {n: [] for n in names}
+    for i in range(n_steps):
+        for name in names if i % 2 == 0 else names[::-1]:
+            r = workers[name].step()
+            r["rep"] = i - warmup
+            steps[name].append(r)
+            if show is not None:
+                show(name, "warm-up" if i < warmup else f"rep {i - warmup + 1}/{n_steps - warmup}", r)
+    return steps
+
+
+def bench_env() -> dict:
+    """The environment of a worker subprocess: offline hub, quiet tokenizers and warnings."""
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    return env
+
+
+def set_threads(threads: int) -> None:
+    """``threads`` torch threads in this process (0: torch's default)."""
+    import torch
+
+    if threads > 0:
+        torch.set_num_threads(threads)
 
 
 class Proto:

@@ -13,6 +13,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
+from score_lightning.logprobs import fusable_head, fused_head_logprobs
 from score_lightning.losses import entropy_from_logits, token_logprobs
 
 
@@ -79,7 +80,7 @@ def _accepts_logits_to_keep(model: nn.Module) -> bool:
 
 def policy_logprobs(
     model: nn.Module, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False,
-    entropy_grad: bool = False,
+    entropy_grad: bool = False, *, fused: bool = True, chunk: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log-probs of the targets (and entropy) under ``model``; [N, L-1] each.
 
@@ -88,8 +89,12 @@ def policy_logprobs(
     Only positions from the first response target on are projected through the LM head
     (``logits_to_keep``): prompt positions never carry loss, and with long prompts their
     ``[N, T, V]`` logits, log-softmax and backward dominated the step. Columns before that are
-    returned as 0 (they are always masked). Rows are processed in chunks split with
-    ``Tensor.split`` (one backward node for all chunks, not one full-size zero gradient per chunk).
+    returned as 0 (they are always masked).
+
+    ``fused`` (the default) computes log-probs and entropy from the final hidden states ``chunk``
+    positions at a time, recomputed in backward (:mod:`score_lightning.logprobs`), so the
+    ``[N, T, V]`` logits never exist at once; a head it cannot reproduce exactly (LoRA-wrapped,
+    soft-capped) falls back to the plain path, which materialises them (``fused=False``).
     """
     n, width = batch.input_ids.shape
     if width < 2:
@@ -98,17 +103,42 @@ def policy_logprobs(
     cols = batch.loss_mask.shape[1]  # == width - 1
     nz = torch.nonzero(batch.loss_mask.sum(dim=0) > 0)
     start = int(nz[0]) if nz.numel() else cols - 1
+    labels = batch.input_ids[:, start + 1:]
+    head = fusable_head(model) if fused else None
+    if head is not None:
+        with fused_head_logprobs(head, labels, temperature, with_entropy, entropy_grad, chunk):
+            packed = _forward(model, batch, start, cols)
+        if packed.shape[:2] != labels.shape:
+            raise RuntimeError(f"fused LM head returned {tuple(packed.shape)} for labels {tuple(labels.shape)}")
+        logp, ent = packed[..., 0], (packed[..., 1] if with_entropy else None)
+        if ent is not None and not (entropy_grad and torch.is_grad_enabled()):
+            ent = ent.detach()
+    else:
+        logp, ent = _plain_logprobs(_forward(model, batch, start, cols), labels, temperature, with_entropy,
+                                    entropy_grad)
+    logp = torch.nn.functional.pad(logp, (start, 0))
+    ent = torch.nn.functional.pad(ent, (start, 0)) if ent is not None else None
+    return logp, ent
+
+
+def _forward(model: nn.Module, batch: TokenBatch, start: int, cols: int) -> Tensor:
+    """The head's output for positions ``start .. cols-1`` (position t scores token t + 1)."""
     if _accepts_logits_to_keep(model):
         keep = torch.arange(start, cols, device=batch.input_ids.device)
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
-                    logits_to_keep=keep)
-        logits = out.logits  # [N, cols - start, V], position t scores token t + 1
-    else:
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-        logits = out.logits[:, start:cols, :]
-    labels = batch.input_ids[:, start + 1:]
-    per_row = max(1, logits[:1].numel())
-    rows = max(1, _CHUNK_ELEMENTS // per_row)
+        return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
+                     logits_to_keep=keep).logits
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+    return out.logits if out.logits.shape[1] == cols - start else out.logits[:, start:cols, :]
+
+
+def _plain_logprobs(logits: Tensor, labels: Tensor, temperature: float, with_entropy: bool,
+                    entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (and entropy) from materialised ``[N, T, V]`` logits, in row chunks of bounded size.
+
+    Rows are split with ``Tensor.split`` (one backward node for all chunks, not one full-size zero
+    gradient per chunk).
+    """
+    rows = max(1, _CHUNK_ELEMENTS // max(1, logits[:1].numel()))
     lps, ents = [], []
     for lg, lab in zip(logits.split(rows, dim=0), labels.split(rows, dim=0)):
         lg = lg.float()
@@ -121,6 +151,4 @@ def policy_logprobs(
                 # a logged statistic: one row at a time bounds its temporaries; with a gradient (an
                 # entropy bonus), the whole chunk at once, keeping fewer activations for backward
                 ents.append(entropy_from_logits(lg, chunk_rows=lg.shape[0] if grad else 1))
-    logp = torch.nn.functional.pad(torch.cat(lps, dim=0), (start, 0))
-    ent = torch.nn.functional.pad(torch.cat(ents, dim=0), (start, 0)) if with_entropy else None
-    return logp, ent
+    return torch.cat(lps, dim=0), (torch.cat(ents, dim=0) if with_entropy else None)
