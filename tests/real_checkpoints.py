@@ -87,23 +87,27 @@ def _digest(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
-def ensure_real_checkpoint(kind: str, cache_dir: str | os.PathLike, seed: int = 0) -> Path:
-    """Build (or reuse) the ``kind`` checkpoint; the directory name hashes every input."""
+def ensure_real_checkpoint(kind: str, cache_dir: str | os.PathLike, seed: int = 0, sizes: dict | None = None) -> Path:
+    """Build (or reuse) the ``kind`` checkpoint; the directory name hashes every input.
+
+    ``sizes`` replaces :data:`SIZES` (e.g. ``scripts/gpu_check.py`` builds a Qwen2.5-0.5B-sized model).
+    """
     import transformers
 
     spec = SPECS[kind]
+    sizes = dict(sizes or SIZES)
     src = tokenizer_source(kind)
     files = [src / f for f in spec["files"]]
-    key_src = json.dumps({"kind": kind, "files": _digest(files), "sizes": SIZES, "config": spec["config"],
+    key_src = json.dumps({"kind": kind, "files": _digest(files), "sizes": sizes, "config": spec["config"],
                           "generation": spec["generation"], "edits": spec["tokenizer_edits"], "seed": seed,
                           "v": _BUILD_VERSION, "transformers": transformers.__version__}, sort_keys=True)
     out = Path(cache_dir) / f"{kind}-{hashlib.sha256(key_src.encode()).hexdigest()[:16]}"
     if (out / "config.json").exists() and (out / "tokenizer_config.json").exists():
         return out
-    return build_atomically(out, lambda tmp: _build(kind, files, tmp, seed), key_src)
+    return build_atomically(out, lambda tmp: _build(kind, files, tmp, seed, sizes), key_src)
 
 
-def _build(kind: str, files: list[Path], out: Path, seed: int) -> None:
+def _build(kind: str, files: list[Path], out: Path, seed: int, sizes: dict) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -124,7 +128,7 @@ def _build(kind: str, files: list[Path], out: Path, seed: int) -> None:
     model_type = params.pop("model_type")
     if params["vocab_size"] < vocab:
         raise ValueError(f"{kind}: model vocabulary {params['vocab_size']} < tokenizer's {vocab}")
-    config = AutoConfig.for_model(model_type, **SIZES, **params, tie_word_embeddings=False, dtype="float32")
+    config = AutoConfig.for_model(model_type, **sizes, **params, tie_word_embeddings=False, dtype="float32")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -36,3 +37,21 @@ def test_tiny_score_cold_start_steps_export_and_resume(tmp_path):
     _train([f"paths.output_dir={out}", "trainer.max_steps=4", f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}"])
     steps = [s for s, _ in read_scalars(out / "tensorboard")["solver/reward_mean"]]
     assert 3 in steps and steps.count(3) == 1
+
+
+def test_bench_learning_pipeline_produces_a_complete_table(tmp_path):
+    """One short SCORE seed and one grpo_baseline seed through the whole study: completeness, not a winner."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.run([sys.executable, "scripts/bench_learning.py", "--conditions", "score,grpo_baseline",
+                           "--seeds", "1", "--steps", "2", "--out", str(tmp_path), "--no-append"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=3600)
+    assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| score") or line.startswith("| grpo_baseline")]
+    assert len(rows) == 2
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert len(cells) == 11 and all(c not in ("", "n/a") for c in cells[:8]), cells
+    assert "cold-start held-out card" in proc.stdout
+    for cond in ("score", "grpo_baseline"):
+        result = json.loads((tmp_path / cond / "seed1" / "result.json").read_text())
+        assert set(result["heldout"]) == {"citation_precision", "coverage", "validity", "length"}

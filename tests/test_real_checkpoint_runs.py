@@ -46,8 +46,8 @@ def test_two_score_steps_use_the_checkpoint_conventions(kind, request, tmp_path)
     assert metrics and all(math.isfinite(v) for k, v in metrics.items() if not k.startswith("evaluator/consistency"))
     assert module.score_step == 2
     ro = module.last_step["rollouts"]
-    assert ro.rubric.sampled  # the evaluator wrote this step's rubric (random weights: fallback used)
-    prompts = {"solver": ro.solver[0].prompt_ids, "scoring": ro.scoring[0].prompt_ids, "rubric": ro.rubric.prompt_ids}
+    sample = ro.rubrics.samples[0][0]  # the evaluator wrote this step's rubric (random weights: fallback used)
+    prompts = {"solver": ro.solver[0].prompt_ids, "scoring": ro.scoring[0].prompt_ids, "rubric": sample.prompt_ids}
     for role, ids in prompts.items():
         text = tok.decode(ids)
         assert text.endswith(ASSISTANT_OPEN[kind]), (role, text[-80:])

@@ -79,7 +79,7 @@ class Probe(L.Callback):
     def on_train_batch_end(self, trainer, module, *args):
         ls = module.last_step
         self.steps.append(ls)
-        sample = ls["rollouts"].rubric
+        sample = ls["rollouts"].rubrics.samples[0][0]
         after = _seq_logprob(module.policy, sample.prompt_ids, sample.response_ids, sample.train_mask,
                              module.tokenizer.pad_token_id, module.cfg.evaluator.temperature)
         self.rubric_lp[-1] = (self.rubric_lp[-1], after)
@@ -96,7 +96,7 @@ def _hook(probe: Probe):
             if module.score_step == 0:  # after the solver update, before the evaluator's
                 probe.solver_lp.append([_seq_logprob(module.policy, t.prompt_ids, t.response_ids, t.response_mask,
                                                      tok.pad_token_id, temp) for t in ro.solver[:3]])
-            s = ro.rubric
+            s = ro.rubrics.samples[0][0]
             probe.rubric_lp.append(_seq_logprob(module.policy, s.prompt_ids, s.response_ids, s.train_mask,
                                                 tok.pad_token_id, float(module.cfg.evaluator.temperature)))
     return hook
@@ -115,7 +115,7 @@ def two_steps(tmp_path_factory, tiny_ckpt, corpus_file):
         "optim.lr=1e-4", "optim.warmup_steps=0", "loss.kl_coef=0.05",
     ]
     cfg = compose(overrides)
-    stream = QueryStream(load_queries(None), 2, int(cfg.seed))
+    stream = QueryStream(load_queries(None, split="train"), 2, int(cfg.seed))
     script = StepScript(stream.batch(0)["prompt"], stream.batch(1)["prompt"])
     probe = Probe()
 

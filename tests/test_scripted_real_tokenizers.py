@@ -91,11 +91,12 @@ def _step(tok, suffix: str = "") -> dict:
     sample = sample_step_rubric(engine, tok, QUERIES, [["json.dumps"], []], state,
                                 DimensionScheduler(list(state.dimension_pool)), RUBRIC)
     assert sample.valid, sample.error
-    solver = solver_rollouts(engine, tok, retriever, QUERIES, sample.rubric, state, SETTINGS)
+    rubrics = [sample.rubric] * len(QUERIES)
+    solver = solver_rollouts(engine, tok, retriever, QUERIES, rubrics, state, SETTINGS)
     answers = parse_answers(solver, tok, REWARD)
     reports = [[a.answer if a.answer else None for a in answers[i:i + K]] for i in range(0, len(answers), K)]
-    scoring = scoring_rollouts(engine, tok, retriever, QUERIES, reports, sample.rubric, state, SETTINGS)
-    rw = assemble_rewards(answers, scoring, sample.rubric, state, K, REWARD, tok)
+    scoring = scoring_rollouts(engine, tok, retriever, QUERIES, reports, rubrics, state, SETTINGS)
+    rw = assemble_rewards(answers, scoring, rubrics, state, K, REWARD, tok)
     span = tok.decode([t for t, m in zip(sample.response_ids, sample.train_mask) if m])
     trajs = solver + scoring
     return {
@@ -106,7 +107,7 @@ def _step(tok, suffix: str = "") -> dict:
         "answers": answers, "conclusions": [extract_conclusion(a.answer or "") for a in answers],
         "evaluations": [parse_evaluation(t.model_text(tok), sample.rubric, K, require_verification=True,
                                          require_gap_analysis=True) for t in scoring],
-        "rewards": (rw.rewards.tolist(), rw.validity.tolist(), rw.scores.tolist(), rw.depth.tolist(),
+        "rewards": (rw.rewards.tolist(), rw.validity.tolist(), [m.tolist() for m in rw.item_scores], rw.depth.tolist(),
                     rw.process_ok.tolist(), rw.eval_valid),
         "model_text": [t.model_text(tok) for t in trajs],
         "drifts": any(tok(t.response_text(tok), add_special_tokens=False)["input_ids"] != t.response_ids for t in trajs),

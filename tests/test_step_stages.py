@@ -48,15 +48,28 @@ def test_effective_tau_is_the_larger_of_verifier_and_harness():
 
 
 def test_combine_by_hand_both_verifier_modes():
-    rows = [[1.0, 0.5], [0.5, 0.0], [1.0, 1.0]]
+    rows = [torch.tensor([[1.0, 0.5], [0.5, 0.0], [1.0, 1.0]])]
     # report 1 verified (depth 2 >= tau 2); reports 2 and 3 not (depth 1)
-    rw = combine(ANSWERS, rows, [2, 1, 1], [True] * 3, [True], RUB, 2, _settings())
+    rw = combine(ANSWERS, rows, [RUB], [2, 1, 1], [True] * 3, [True], 2, _settings())
     # R1 = 1 + 0.6 + 0.2 = 1.8; R2 unverified -> 0 (Algorithm 1, line 23); R3 invalid -> 0
     assert rw.rewards.tolist() == pytest.approx([1.8, 0.0, 0.0])
-    rw = combine(ANSWERS, rows, [2, 1, 1], [True] * 3, [True], RUB, 2, _settings(zero="scores"))
+    rw = combine(ANSWERS, rows, [RUB], [2, 1, 1], [True] * 3, [True], 2, _settings(zero="scores"))
     assert rw.rewards.tolist() == pytest.approx([1.8, 1.0, 0.0])  # R2 keeps a(r) = 1
-    rw = combine(ANSWERS, rows, [2, 1, 1], [True] * 3, [True], RUB, 2, _settings(verifier_enabled=False))
+    rw = combine(ANSWERS, rows, [RUB], [2, 1, 1], [True] * 3, [True], 2, _settings(verifier_enabled=False))
     assert rw.rewards.tolist() == pytest.approx([1.8, 1.3, 0.0])  # the "no verifier" ablation
+
+
+def test_per_query_item_rubrics_binary_and_penalties_by_hand():
+    """Given/evolving rubrics differ by query; binary items count 0/1; penalties clip the part to [0, 1]."""
+    from score_lightning.step.reward_assembly import rubric_part
+
+    binary = Rubric(("c1", "c2"), (0.75, 0.25), ("cites docs", "names the module"), binary=True)
+    assert rubric_part(torch.tensor([[0.6, 0.4], [0.2, 0.9]]), binary).tolist() == pytest.approx([0.75, 0.25])
+    flawed = Rubric(("i1", "i2"), (1.0, -0.5), ("explains", "invents a function"))
+    assert rubric_part(torch.tensor([[0.8, 0.4], [0.1, 1.0]]), flawed).tolist() == pytest.approx([0.6, 0.0])
+    two = [torch.tensor([[1.0, 0.5], [0.5, 0.0], [1.0, 1.0]]), torch.tensor([[0.6, 0.4], [0.2, 0.9], [1.0, 1.0]])]
+    rw = combine(ANSWERS + ANSWERS, two, [RUB, binary], [1] * 6, [True] * 6, [True, True], 1, _settings())
+    assert rw.rewards.tolist() == pytest.approx([1.8, 1.3, 0.0, 1.75, 1.25, 0.0])
 
 
 def _evaluation(with_verification: list[bool], with_gap: list[bool]) -> str:
@@ -80,12 +93,22 @@ def test_process_rules_gate_the_whole_evaluation():
 
 
 def test_evaluator_reward_rules():
-    assert ER.evaluator_reward("consistency", True, 0.4, 1.5, 0.0) == 0.4
-    assert ER.evaluator_reward("consistency", True, float("nan"), 1.5, 0.0) is None  # no group with 2 valid reports
-    assert ER.evaluator_reward("consistency", False, float("nan"), 1.5, -0.1) == -0.1  # invalid rubric
-    assert ER.evaluator_reward("solver_reward", True, 0.4, 1.5, 0.0) == 1.5  # the "no consistency" ablation
+    assert ER.evaluator_reward("consistency", True, 0.4, 0.0) == 0.4
+    assert ER.evaluator_reward("consistency", True, float("nan"), 0.0) is None  # no group with 2 valid reports
+    assert ER.evaluator_reward("consistency", False, float("nan"), -0.1) == -0.1  # invalid rubric
+    assert ER.evaluator_reward("solver_reward", True, 1.5, 0.0) == 1.5  # the "no consistency" ablation
     with pytest.raises(ValueError, match="evaluator.reward"):
-        ER.evaluator_reward("rubric", True, 0.4, 1.5, 0.0)
+        ER.evaluator_reward("rubric", True, 0.4, 0.0)
+
+
+def test_discriminative_and_per_query_values_by_hand():
+    part = torch.tensor([0.2, 0.6, 0.4, 0.5, 0.5, 0.5])  # query 1 spread; query 2 all equal
+    spreads = ER.group_spreads(part, 3)
+    assert spreads == pytest.approx([math.sqrt(((0.2 - 0.4) ** 2 + 0.2 ** 2 + 0) / 3), 0.0])
+    rewards = torch.tensor([1.2, 1.6, 0.0, 1.5, 1.5, 1.5])
+    assert ER.per_query_values("solver_reward", ANSWERS * 2, part, rewards, 3) == pytest.approx([2.8 / 3, 1.5])
+    values = ER.per_query_values("consistency", ANSWERS * 2, part, rewards, 3)
+    assert values[0] == pytest.approx(0.0)  # "yes." vs "no.": no shared word
 
 
 def test_valid_conclusion_groups_keep_only_valid_reports():

@@ -105,7 +105,8 @@ def validate_config(cfg: DictConfig) -> None:
     c("retriever.kind", lambda v: v in ("bm25", "http"), "'bm25' or 'http'")
     c("rollout.engine", lambda v: v in ("hf", "vllm", "scripted"), "'hf', 'vllm' or 'scripted'")
     c("verifier.zero", lambda v: v in ("reward", "scores"), "'reward' (Algorithm 1: s_i^k = 0) or 'scores' (keep a(r))")
-    c("evaluator.reward", lambda v: v in ("consistency", "solver_reward"), "'consistency' or 'solver_reward'")
+    c("evaluator.reward", lambda v: v in ("consistency", "discriminative", "preference", "solver_reward"),
+      "'consistency', 'discriminative', 'preference' or 'solver_reward'")
     c("evaluator.rubric_queries", _int(1), "an integer >= 1")
     c("solver.conclusion_line", *_BOOL)
     c("optim.eps", _num(0.0, lo_open=True), "a number > 0")
@@ -141,6 +142,10 @@ def validate_config(cfg: DictConfig) -> None:
                  "weights, so the solver would not be frozen; set actor.shared=false (frozen solver, trained "
                  "evaluator) or evaluator.enabled=false (nothing trains)")
     _check_harness(cfg, e)
+    _check_sft(cfg, e)
+    _check_rubric_files(cfg, e)
+    _check_lora(cfg, e)
+    _check_solver_workflow(cfg, e)
     if e:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(e))
 
@@ -161,6 +166,115 @@ def data_parallel_processes(devices: int | str | list, num_nodes: int, tensor_pa
         devices = int(devices) if devices.isdigit() else 1
     per_node = devices if isinstance(devices, int) else len(devices)
     return max(1, int(per_node) * int(num_nodes) // int(tensor_parallel_size))
+
+
+def _check_lora(cfg: DictConfig, errors: list[str]) -> None:
+    """``model.lora`` (absent means disabled): its values, peft installed, and what LoRA cannot do."""
+    if OmegaConf.select(cfg, "model.lora.enabled") is not True:
+        return
+    c = lambda key, ok, allowed: _check(cfg, key, ok, allowed, errors)  # noqa: E731
+    c("model.lora.r", _int(1), "an integer >= 1 (the adapter rank)")
+    c("model.lora.alpha", _num(0.0, lo_open=True), "a number > 0 (scaling = alpha / r)")
+    c("model.lora.dropout", _num(0.0, 1.0, hi_open=True), "a number in [0, 1)")
+    names = lambda v: isinstance(v, ListConfig) and len(v) > 0 and all(isinstance(x, str) and x for x in v)  # noqa: E731
+    c("model.lora.target_modules", lambda v: v == "all-linear" or names(v),
+      "'all-linear' or a non-empty list of module names, e.g. [q_proj, v_proj]")
+    import importlib.util
+
+    if importlib.util.find_spec("peft") is None:
+        errors.append("model.lora.enabled=true needs peft: pip install -e '.[lora]'")
+    if OmegaConf.select(cfg, "actor.shared") is False:
+        errors.append("model.lora.enabled=true with actor.shared=false: a separate evaluator is not supported with "
+                      "LoRA. It would need a second full base model (what LoRA is meant to avoid) or a second "
+                      "adapter on the shared base, whose switching of peft's active adapter per role rewrites "
+                      "requires_grad and leaves one adapter unused in each backward (DDP, FSDP2); "
+                      "use actor.shared=true")
+
+
+def _check_solver_workflow(cfg: DictConfig, errors: list[str]) -> None:
+    """``solver.agent`` (react | mams) with the MaMs budgets, and ``reward.step`` (none | rubric)."""
+    c = lambda key, ok, allowed: _check(cfg, key, ok, allowed, errors)  # noqa: E731
+    c("solver.agent", lambda v: v in ("react", "mams"), "'react' (one ReAct loop) or 'mams' (search / state / report roles)")
+    c("reward.step", lambda v: v in ("none", "rubric"), "'none' or 'rubric' (ARCO-style step judgements)")
+    if OmegaConf.select(cfg, "reward.step") == "rubric":
+        c("reward.step_lambda", _num(0.0), "a number >= 0 (weight of the step advantage)")
+        c("reward.step_max_tokens", _int(8), "an integer >= 8")
+        c("reward.step_invalid_reward", _num(-1.0, 1.0), "a number in [-1, 1] (valid judgements earn a correlation)")
+    if OmegaConf.select(cfg, "solver.agent") != "mams":
+        return
+    c("solver.max_tool_calls", _int(1, 10), "an integer in [1, 10] with solver.agent=mams (a search role call per turn)")
+    for key in ("chunk_tokens", "max_observation_tokens", "search_tokens", "state_tokens", "report_tokens",
+                "memory_tokens", "plan_tokens", "max_context_tokens"):
+        c(f"solver.mams.{key}", _int(8), "an integer >= 8 (tokens)")
+    m = OmegaConf.select(cfg, "solver.mams") or {}
+    parts = [m.get(k) for k in ("chunk_tokens", "memory_tokens", "plan_tokens", "report_tokens")]
+    limit = m.get("max_context_tokens")
+    if all(isinstance(v, int) for v in parts + [limit]) and sum(parts) >= limit:
+        errors.append(f"solver.mams.max_context_tokens={limit}: must exceed chunk + memory + plan + report tokens "
+                      f"({sum(parts)}), which a role prompt may hold besides the question and instructions")
+
+
+def _check_rubric_files(cfg: DictConfig, errors: list[str]) -> None:
+    """Given rubrics and preference pairs are read now, so a bad line fails before any model loads."""
+    from score_lightning.data.corpus import DataFormatError
+
+    target = str(OmegaConf.select(cfg, "rubric._target_") or "")
+    if target.endswith("GivenRubrics"):
+        path = OmegaConf.select(cfg, "rubric.path", throw_on_missing=False, default=None)
+        if path in (None, "???") or OmegaConf.is_missing(cfg.rubric, "path"):
+            errors.append("rubric.path: required with rubric=given (a criteria.jsonl or checklist file)")
+        else:
+            from score_lightning.rubrics.given import load_given_rubrics
+
+            try:
+                load_given_rubrics(path)
+            except DataFormatError as exc:
+                errors.append(f"rubric.path: {exc}")
+    if OmegaConf.select(cfg, "evaluator.reward") == "preference":
+        path = OmegaConf.select(cfg, "evaluator.preferences_path")
+        if not path:
+            errors.append("evaluator.preferences_path: required with evaluator.reward=preference")
+        else:
+            from score_lightning.rubrics.preference import load_preferences
+
+            try:
+                load_preferences(path)
+            except DataFormatError as exc:
+                errors.append(f"evaluator.preferences_path: {exc}")
+
+
+#: SFT settings that only suit the from-scratch tiny model: (key, refused when, what they are for)
+_FROM_SCRATCH_SFT = (("sft.lr", lambda v: v > 1e-4, "a from-scratch learning rate"),
+                     ("sft.prompt_loss_weight", lambda v: v > 0, "loss on prompt tokens, to learn their language"))
+
+
+def sft_enabled(cfg: DictConfig) -> bool:
+    """``sft.enabled``: true, false, or ``auto``, on only for the tiny model (``model.name_or_path`` null).
+
+    Why ``auto``: ``experiment=tiny_score`` needs its cold start, but the same experiment pointed at a
+    pretrained checkpoint must not run the tiny model's from-scratch settings on it.
+    """
+    value = OmegaConf.select(cfg, "sft.enabled", default=False)
+    if value == "auto":
+        return OmegaConf.select(cfg, "model.name_or_path") is None
+    return value is True
+
+
+def _check_sft(cfg: DictConfig, errors: list[str]) -> None:
+    """Refuse the tiny model's cold-start settings on a pretrained checkpoint, naming the keys and the fix."""
+    if OmegaConf.select(cfg, "sft") is None:
+        return
+    _check(cfg, "sft.enabled", lambda v: v in (True, False, "auto"), "true, false or 'auto' (on for the tiny model only)",
+           errors)
+    path = OmegaConf.select(cfg, "model.name_or_path")
+    if path is None or not sft_enabled(cfg):
+        return
+    for key, bad, why in _FROM_SCRATCH_SFT:
+        value = OmegaConf.select(cfg, key)
+        if isinstance(value, (int, float)) and bad(value):
+            errors.append(f"{key}={value!r} with a pretrained model.name_or_path={path!r}: {why}, one of the "
+                          "from-scratch tiny model's settings (configs/sft/default.yaml); use sft=pretrained "
+                          "(lr 1e-5, no prompt loss, bf16 on GPU, 1 epoch) or sft.enabled=false")
 
 
 def _check_harness(cfg: DictConfig, errors: list[str]) -> None:

@@ -3,6 +3,8 @@
 Applied from ``ScoreModule.configure_model`` under Lightning's ``ModelParallelStrategy``: each
 decoder layer (the classes named by the model's own ``_no_split_modules``, not a hard-coded Qwen
 class) is sharded, then the root. Gathering a full copy is collective: every rank must call it.
+A LoRA policy shards like any model (FSDP2 keeps its frozen base weights in the same units, without
+gradients); its KL reference is a view of the sharded policy and is not sharded again.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ def shard_models(module, scfg) -> None:
     offload = CPUOffloadPolicy() if scfg.cpu_offload else OffloadPolicy()
     kwargs = dict(mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=bool(scfg.reshard_after_forward))
     for model, trainable in ((module.policy, True), (module.evaluator_policy, True), (module.ref, False)):
-        if model is None:
-            continue
+        if model is None or not any(True for _ in model.parameters()):
+            continue  # a LoRA policy's reference is a view of the (already sharded) policy: nothing to shard
         layers = decoder_layer_classes(model)
         if trainable and scfg.activation_checkpointing:
             _apply_activation_checkpointing(model, layers)
@@ -69,11 +71,11 @@ def iter_full_params(model: nn.Module, to_cpu: bool = True) -> Iterator[tuple[st
     for name, p in model.state_dict().items():
         t = p.full_tensor() if hasattr(p, "full_tensor") else p
         t = t.detach()
-        yield _clean_name(name), (t.cpu() if to_cpu else t)
+        yield hf_name(name), (t.cpu() if to_cpu else t)
 
 
-def _clean_name(name: str) -> str:
-    # activation-checkpoint wrappers insert this prefix; HF names must not carry it
+def hf_name(name: str) -> str:
+    """A parameter or module name without the prefix activation-checkpoint wrappers insert."""
     return name.replace("_checkpoint_wrapped_module.", "")
 
 

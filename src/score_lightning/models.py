@@ -310,8 +310,12 @@ def _generation_eos_ids(path) -> list[int]:
 
 
 def load_policy(path: str | os.PathLike, dtype: str = "float32", gradient_checkpointing: bool = False,
-                attn_implementation: str | None = None):
-    """Load a causal LM from a local directory or hub id (hub ids need network; CPU defaults never do)."""
+                attn_implementation: str | None = None, lora=None):
+    """Load a causal LM from a local directory or hub id (hub ids need network; CPU defaults never do).
+
+    ``lora`` is the ``model.lora`` block: when enabled, LoRA layers are injected and only they train
+    (see :mod:`score_lightning.lora`).
+    """
     kwargs = {"dtype": resolve_dtype(dtype)}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
@@ -319,4 +323,18 @@ def load_policy(path: str | os.PathLike, dtype: str = "float32", gradient_checkp
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
+    from score_lightning.lora import apply_lora, lora_enabled
+
+    if lora_enabled(lora):
+        apply_lora(model, lora, str(path))
     return model
+
+
+def load_reference(path: str | os.PathLike, dtype: str, policy):
+    """The frozen KL reference: for a LoRA policy a view of its base (adapters off, no second copy
+    in memory); otherwise a second, frozen copy of the starting weights."""
+    from score_lightning.lora import ReferenceModel, is_lora
+
+    if is_lora(policy):
+        return ReferenceModel(policy)
+    return load_policy(path, dtype).eval().requires_grad_(False)

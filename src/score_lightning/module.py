@@ -30,17 +30,18 @@ from score_lightning.harness.stats_window import StatsWindow
 from score_lightning.loggers import add_score_layout
 from score_lightning.rewards.functions import EMABaseline
 from score_lightning.rng import rng_state, seed_rank, set_rng_state
-from score_lightning.step import evaluator_reward as ER
+from score_lightning.rubrics.base import RubricContext
+from score_lightning.step.evaluator_phase import centre, sample_rewards
 from score_lightning.step.evaluator_update import ReinforceSettings, evaluator_update
 from score_lightning.step.faults import FaultMonitor, guarded_step
 from score_lightning.step.record import record_rewards, record_rollouts, record_solver_update
 from score_lightning.step.report import global_values, report_distributions, report_texts, throughput
 from score_lightning.step.reward_assembly import RewardSettings, StepRewards, assemble_rewards, parse_answers
 from score_lightning.step.rollouts import RolloutSettings, initial_evidence, scoring_rollouts, solver_rollouts
-from score_lightning.step.rubric_stage import RubricSampling, sample_step_rubric
 from score_lightning.step.samples import step_samples
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_update import GRPOSettings, OptimizerHooks, solver_update
+from score_lightning.step.step_rewards import StepRewardStage
 from score_lightning.step.types import StepRollouts
 
 log = logging.getLogger(__name__)
@@ -68,13 +69,16 @@ class ScoreModule(LightningModule):
                                    str(cfg.retriever.get("url") or "the retriever"))
         self.stats_window = StatsWindow(int(cfg.harness.every_n_steps))
         self._pending_rng: dict | None = None
-        self.rubric_settings = RubricSampling(
-            int(cfg.evaluator.max_rubric_tokens), float(cfg.evaluator.temperature), int(cfg.solver.max_prompt_tokens),
-            int(cfg.evaluator.get("rubric_queries", 8)), bool(cfg.evaluator.static_rubric))
+        from hydra.utils import instantiate
+
+        self.rubric_source = instantiate(cfg.rubric, _convert_="all")  # score | evolving | given (configs/rubric/)
+        self.preference = instantiate(cfg.evaluator.preference, _convert_="all") \
+            if str(cfg.evaluator.reward) == "preference" else None
         self.rollout_settings = RolloutSettings.from_cfg(cfg)
         self.reward_settings = RewardSettings.from_cfg(cfg)
         self.grpo_settings = GRPOSettings.from_cfg(cfg)
         self.reinforce_settings = ReinforceSettings.from_cfg(cfg)
+        self.step_stage = StepRewardStage.from_cfg(cfg)  # reward.step=rubric: ARCO-style step judgements
         self.policy = self.evaluator_policy = self.ref = None
         self.engine = self.evaluator_engine = None  # set in setup() (HF, scripted) or by the vLLM callback
         self.retriever = None
@@ -111,12 +115,12 @@ class ScoreModule(LightningModule):
     def configure_model(self) -> None:
         if self.policy is not None:
             return
-        from score_lightning.models import load_policy
+        from score_lightning.models import load_policy, load_reference
 
-        m = self.cfg.model
-        self.policy = load_policy(self.model_path, m.dtype, m.gradient_checkpointing)
+        m = self.cfg.model  # with model.lora the policy trains adapters only; its reference is a view of the base
+        self.policy = load_policy(self.model_path, m.dtype, m.gradient_checkpointing, lora=m.get("lora"))
         if float(self.cfg.loss.kl_coef) > 0:
-            self.ref = load_policy(self.model_path, m.dtype).eval().requires_grad_(False)
+            self.ref = load_reference(self.model_path, m.dtype, self.policy)
         if not self.cfg.actor.shared:
             self.evaluator_policy = load_policy(self.model_path, m.dtype, m.gradient_checkpointing)
         if bool(self.cfg.solver.freeze):
@@ -195,22 +199,26 @@ class ScoreModule(LightningModule):
         return norm, stepped
 
     # ------------------------------------------------------------------ the step
-    def rollout(self, queries: list[str]) -> StepRollouts:
-        """Stages 1-2: evidence, one rubric for the global batch, K solver rollouts per query."""
+    def rubric_context(self) -> RubricContext:
+        return RubricContext(self.evaluator_engine, self.tokenizer, self.retriever, self.harness_state, self.scheduler,
+                             int(self.cfg.solver.max_prompt_tokens), float(self.cfg.evaluator.temperature))
+
+    def rollout(self, queries: list[str], query_ids: list[str] | None = None) -> StepRollouts:
+        """Stages 1-2: evidence, the step's rubrics (from the configured source), K solver rollouts per query."""
+        ids = [str(i) for i in (query_ids if query_ids is not None else range(len(queries)))]
         evidence, errors = initial_evidence(self.retriever, queries, int(self.cfg.solver.topk))
-        sample = sample_step_rubric(self.evaluator_engine, self.tokenizer, queries, evidence, self.harness_state,
-                                    self.scheduler, self.rubric_settings)
-        solver = solver_rollouts(self.engine, self.tokenizer, self.retriever, queries, sample.rubric,
+        rubrics = self.rubric_source.step_rubrics(self.rubric_context(), queries, ids, evidence)
+        solver = solver_rollouts(self.engine, self.tokenizer, self.retriever, queries, rubrics.per_query,
                                  self.harness_state, self.rollout_settings)
-        return StepRollouts(list(queries), sample, evidence, errors, solver)
+        return StepRollouts(list(queries), rubrics, evidence, errors, solver, query_ids=ids)
 
     def score(self, ro: StepRollouts) -> StepRewards:
         """Stages 2-3: the evaluator scores the K reports of each query; rewards with gates and verifier."""
         answers = parse_answers(ro.solver, self.tokenizer, self.reward_settings)
         reports = [[a.answer if a.answer else None for a in answers[i:i + self.K]] for i in range(0, len(answers), self.K)]
         ro.scoring = scoring_rollouts(self.evaluator_engine, self.tokenizer, self.retriever, ro.queries, reports,
-                                      ro.rubric.rubric, self.harness_state, self.rollout_settings)
-        return assemble_rewards(answers, ro.scoring, ro.rubric.rubric, self.harness_state, self.K,
+                                      ro.rubrics.per_query, self.harness_state, self.rollout_settings)
+        return assemble_rewards(answers, ro.scoring, ro.rubrics.per_query, self.harness_state, self.K,
                                 self.reward_settings, self.tokenizer)
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
@@ -218,42 +226,36 @@ class ScoreModule(LightningModule):
         self.data_cursor = int(batch.get("cursor", self.data_cursor + 1))
         sc = StepScalars(self.device)
         t0 = time.perf_counter()
-        ro = self.step_rollouts = self.rollout(list(batch["prompt"]))
+        ro = self.step_rollouts = self.rollout(list(batch["prompt"]), [str(i) for i in batch.get("id", [])] or None)
         t1 = time.perf_counter()
         rw = self.score(ro)
+        st = self.step_stage.judge(self.evaluator_engine, self.tokenizer, ro, rw, sc)  # no-op for reward.step=none
         t2 = time.perf_counter()
         record_rewards(sc, ro, rw, self.K, self.reward_settings.verifier_enabled, self.reward_settings.zero)
         record_rollouts(sc, ro)
-        metrics: dict[str, float] = {}
+        metrics: dict[str, float] = dict(ro.rubrics.stats)
+        metrics.update(self.rubric_source.observe(self.rubric_context(), ro.queries, ro.query_ids, rw.item_scores,
+                                                  self._reports(rw), rw.rewards.view(-1, self.K).tolist()))
         upd = None
         if not bool(c.solver.freeze):
             upd = solver_update(self.policy, self.ref, ro.solver, rw.rewards, self.grpo_settings,
                                 self.tokenizer.pad_token_id, self._hooks("solver", self.policy),
-                                need_trainer_logprobs=c.rollout.engine == "vllm")
-            record_solver_update(sc, upd)
+                                need_trainer_logprobs=c.rollout.engine == "vllm", step_bonus=st.bonus)
+            record_solver_update(sc, upd)  # also rollout/logprob_diff when the update computed trainer log-probs
             metrics.update({"solver/grad_norm": float(np.mean(upd.grad_norms)) if upd.grad_norms else 0.0,
                             "solver/updates": float(upd.updates)})
-            if upd.trainer_logprobs is not None:
-                from score_lightning.callbacks.vllm_rollout import logprob_mismatch
-
-                diff = logprob_mismatch(ro.solver, upd.trainer_logprobs)
-                sc.mean("rollout/logprob_diff", diff or 0.0, 1.0 if diff is not None else 0.0)
-        # Phase 2: the evaluator's reward (global: pooled over every rank's queries), EMA-centred
-        sc.consistency.update(ER.valid_conclusion_groups(rw.answers, self.K))
-        consistency, mean_reward = sc.global_consistency(), sc.global_mean_reward()
-        r_eval = ER.evaluator_reward(str(c.evaluator.get("reward", "consistency")), ro.rubric.valid, consistency,
-                                     mean_reward, float(c.evaluator.invalid_rubric_reward))
-        advantage = None
-        if r_eval is not None:
-            b_prev = self.baseline.value
-            self.baseline.update(r_eval)
-            advantage = r_eval - b_prev
-            if (bool(c.evaluator.enabled) and ro.rubric.sampled
-                    and (self.score_step + 1) % int(c.evaluator.update_every) == 0):
-                metrics.update(evaluator_update(self.eval_model, self.ref, ro.rubric, advantage, self.reinforce_settings,
-                                                self.tokenizer.pad_token_id, self._hooks("evaluator", self.eval_model)))
+        # Phase 2: each rubric sample's reward (pooled over ranks), EMA-centred, REINFORCE every U steps
+        kind = str(c.evaluator.reward)
+        rewards, consistency = sample_rewards(kind, ro, rw, sc, self.K, float(c.evaluator.invalid_rubric_reward),
+                                              self._preference_value(ro) if kind == "preference" else None)
+        advantages, r_eval, advantage = centre(rewards, self.baseline)
+        trained, advantages = st.fold([s for (s, _), r in zip(ro.rubrics.samples, rewards) if r is not None],
+                                      advantages, r_eval is not None and self.rubric_source.trains_evaluator)
+        if trained is not None and bool(c.evaluator.enabled) and (self.score_step + 1) % int(c.evaluator.update_every) == 0:
+            metrics.update(evaluator_update(self.eval_model, self.ref, trained, advantages, self.reinforce_settings,
+                                            self.tokenizer.pad_token_id, self._hooks("evaluator", self.eval_model)))
         t3 = time.perf_counter()
-        self.scheduler.update_stats(ro.rubric.rubric.dims, [consistency] if math.isfinite(consistency) else [])
+        self.scheduler.update_stats(ro.rubrics.first.dims, [consistency] if math.isfinite(consistency) else [])
         for sch in self._schedulers():
             sch.step()
         for tag, value in (("time/rollout_s", t1 - t0), ("time/scoring_s", t2 - t1), ("time/update_s", t3 - t2)):
@@ -264,7 +266,7 @@ class ScoreModule(LightningModule):
         metrics["throughput/tokens_per_s"] = throughput(metrics)
         report_distributions(self.trainer, ro, rw, upd, self.score_step)
         self.last_step = {"rollouts": ro, "rewards": rw, "solver": upd, "evaluator_reward": r_eval,
-                          "evaluator_advantage": advantage, "metrics": metrics}
+                          "evaluator_advantage": advantage, "sample_rewards": rewards, "metrics": metrics}
         self.stats_window.append(metrics)
         self.score_step += 1
         self._advance_global_step()
@@ -274,11 +276,24 @@ class ScoreModule(LightningModule):
             self._halt(metrics, reason)
         log.info("SCORE step %d done: reward=%.3f valid=%.2f rubric_valid=%d consistency=%.3f tool_calls=%.2f (%.1fs)",
                  self.score_step - 1, metrics["solver/reward_mean"], metrics["solver/answer_valid_rate"],
-                 int(ro.rubric.valid), consistency, metrics["rollout/tool_calls_mean"], time.perf_counter() - t0)
+                 int(ro.rubrics.valid), consistency, metrics["rollout/tool_calls_mean"], time.perf_counter() - t0)
         every = int(c.logging.text_every_n_steps)
         if every > 0 and (every == 1 or self.score_step % every == 1):
             report_texts(self.trainer, step_samples(ro, rw, self.harness_state, self.tokenizer), self.score_step - 1,
                          str(c.paths.output_dir))
+
+    def _reports(self, rw: StepRewards) -> list[list[str | None]]:
+        return [[a.answer for a in rw.answers[i:i + self.K]] for i in range(0, len(rw.answers), self.K)]
+
+    def _preference_value(self, ro: StepRollouts):
+        """A thunk: the step's preference agreement for the step rubric (collective when called)."""
+        def score_pairs(prompts, groups):
+            rubrics = [ro.rubrics.first] * len(prompts)
+            trajs = scoring_rollouts(self.evaluator_engine, self.tokenizer, self.retriever, prompts, groups, rubrics,
+                                     self.harness_state, self.rollout_settings)
+            return [t.model_text(self.tokenizer) for t in trajs]
+
+        return lambda: self.preference.reward(self.score_step, ro.rubrics.first, score_pairs, self.evaluator_engine)
 
     def _schedulers(self) -> list:
         s = self.lr_schedulers()
@@ -323,9 +338,12 @@ class ScoreModule(LightningModule):
         checkpoint["score"] = {
             "score_step": self.score_step, "data_cursor": self.data_cursor, "baseline": self.baseline.state_dict(),
             "scheduler": self.scheduler.state_dict(), "harness_state": self.harness_state.to_dict(),
-            **self.faults.state_dict(), "recent": self.stats_window.state(), "rng": rng_state(),
+            **self.faults.state_dict(), **self.step_stage.state_dict(), "recent": self.stats_window.state(),
+            "rng": rng_state(),
             # every rank's RNG (dump_checkpoint runs on all ranks; rank 0 writes the file)
             "rng_per_rank": D.gather_objects(rng_state()),
+            # per-query rubric buffers live on the rank that saw the query: keep every rank's
+            "rubric_source": D.gather_objects(self.rubric_source.state_dict()),
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -337,7 +355,12 @@ class ScoreModule(LightningModule):
         self.harness_state = HarnessState.from_dict(s["harness_state"])
         self.scheduler.load_state_dict(s["scheduler"])
         self.faults.load_state_dict(s)
+        self.step_stage.load_state_dict(s)
         self.stats_window.load(s.get("recent", []))
+        merged: dict = {}
+        for part in s.get("rubric_source") or []:
+            merged.update(part)
+        self.rubric_source.load_state_dict(merged)
         per_rank = s.get("rng_per_rank") or [s["rng"]]
         self._pending_rng = per_rank[self.global_rank] if self.global_rank < len(per_rank) else s["rng"]
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
@@ -356,14 +379,12 @@ class ScoreModule(LightningModule):
 
     # ------------------------------------------------------------------ export
     def export_policy(self, out_dir: str | Path) -> Path:
-        """``save_pretrained`` of the policy (safetensors) plus tokenizer; collective under FSDP."""
-        from score_lightning.fsdp import full_state_dict
+        """``save_pretrained`` of the policy (LoRA merged, adapter in ``adapter/``) plus tokenizer; collective under FSDP."""
+        from score_lightning.export import save_policy
 
         out = Path(out_dir)
-        state = full_state_dict(self.policy)
+        save_policy(self.policy, out, write=self.global_rank == 0)
         if self.global_rank == 0:
-            out.mkdir(parents=True, exist_ok=True)
-            self.policy.save_pretrained(out, state_dict=state, safe_serialization=True)
             self.tokenizer.save_pretrained(out)
             # the run's resolved config beside the weights: evaluation takes the solver budgets from it
             (out / "run_config.json").write_text(json.dumps(OmegaConf.to_container(self.cfg, resolve=True), indent=1))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from score_lightning.config_validation import validate_config
+from score_lightning.config_validation import sft_enabled, validate_config
 from score_lightning.errors import RetrieverUnavailable
 from score_lightning.paths import corpus_path
 
@@ -42,7 +42,7 @@ def tokenizer_extra_texts() -> list[str]:
 
     state = HarnessState()
     rubric = fallback_rubric(state)
-    queries = [q.prompt for q in load_queries(None)]
+    queries = [q.prompt for q in load_queries(None, split="train")]  # held-out queries stay unseen
     texts = list(queries)
     for msgs in (solver_messages(queries[0], rubric, state, 3), rubric_messages(queries[:2], state),
                  scoring_messages(queries[0], ["r1", "r2"], rubric, state)):
@@ -168,7 +168,8 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
     torch.set_float32_matmul_precision("high")
     model_path = resolve_model_path(cfg)
     model_path = maybe_run_sft(cfg, model_path)
-    dm = QueryDataModule(cfg.data.queries_path, int(cfg.data.batch_size), int(cfg.seed), int(cfg.data.num_workers))
+    dm = QueryDataModule(cfg.data.queries_path, int(cfg.data.batch_size), int(cfg.seed), int(cfg.data.num_workers),
+                         cfg.data.get("split", "train"))
     module = ScoreModule(cfg, model_path)
     if module_hook is not None:
         module_hook(module)
@@ -184,9 +185,9 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
 
 
 def maybe_run_sft(cfg: DictConfig, model_path: str) -> str:
-    """Cold-start SFT (experiment=tiny_score) when configured; returns the checkpoint RL starts from."""
-    sft = cfg.get("sft")
-    if not sft or not sft.get("enabled", False):
+    """Cold-start SFT when ``sft.enabled`` is true, or ``auto`` with the tiny model (experiment=tiny_score);
+    returns the checkpoint RL starts from."""
+    if not sft_enabled(cfg):
         return model_path
     from score_lightning.sft import run_sft
 

@@ -13,8 +13,9 @@ Life cycle (one engine per training process, on that process's own device):
 * ``on_before_backward`` (first backward of a step, i.e. after all generation of that step): with
   ``enable_sleep_mode`` on CUDA, the engine sleeps (level 1) so the update has the GPU memory.
 * ``on_train_batch_end`` (after the step's updates, before the next rollout): every rank iterates
-  ``iter_full_params(pl_module.policy)`` (one parameter at a time: ``full_tensor()`` is collective
-  under FSDP2 and the whole model is never gathered at once); the engine-owning process streams them
+  ``iter_merged_params(pl_module.policy)`` (one parameter at a time: ``full_tensor()`` is collective
+  under FSDP2 and the whole model is never gathered at once; a LoRA policy's adapters are merged
+  into the base weights, one layer at a time); the engine-owning process streams them
   into vLLM (``reload_weights``), which also resets the prefix cache. The time is stored in
   ``pl_module.last_weight_sync_s`` and logged as ``time/weight_sync_s`` at this step.
 
@@ -43,7 +44,7 @@ from typing import Any, Sequence
 import torch
 from lightning.pytorch import Callback
 
-from score_lightning.fsdp import iter_full_params
+from score_lightning.lora import iter_merged_params
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +164,8 @@ class VLLMRolloutCallback(Callback):
     def _sync(self, pl_module) -> float:
         t0 = time.perf_counter()
         # GPU engines take the tensors where the trainer holds them; nothing crosses to the host.
-        params = iter_full_params(pl_module.policy, to_cpu=not torch.cuda.is_available())
+        # A LoRA policy is merged (W + scaling * B @ A) under the base's names: vLLM has no adapter.
+        params = iter_merged_params(pl_module.policy, to_cpu=not torch.cuda.is_available())
         if self.engine is not None:
             self.engine.sync_weights(params)
         else:  # a rank without an engine still takes part in the collective gathers

@@ -74,11 +74,12 @@ class QueryDataModule(lightning.LightningDataModule):
     """Serves the query stream; ``set_start_cursor`` makes a resumed run continue where it stopped."""
 
     def __init__(self, queries_path: str | None = None, batch_size: int = 2, seed: int = 0,
-                 num_workers: int = 0) -> None:
+                 num_workers: int = 0, split: str | None = "train") -> None:
         super().__init__()
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"data.batch_size must be a positive integer, got {batch_size!r}")
         self.queries_path = queries_path
+        self.split = split  # "train": never the held-out queries of a file that marks a split
         self.batch_size = batch_size
         self.seed = seed
         self.num_workers = num_workers
@@ -88,7 +89,7 @@ class QueryDataModule(lightning.LightningDataModule):
     @property
     def queries(self) -> list[Query]:
         if self._queries is None:
-            queries = load_queries(self.queries_path)
+            queries = load_queries(self.queries_path, self.split)
             if self.batch_size > len(queries):
                 raise ValueError(
                     f"data.batch_size must be between 1 and the number of queries ({len(queries)} in "

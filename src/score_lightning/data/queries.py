@@ -22,12 +22,21 @@ class Query:
     extra: dict = field(default_factory=dict)  # every other field of the line, untouched
 
 
-def load_queries(path: str | Path | None = None) -> list[Query]:
+#: Splits of a query file with a ``"split"`` field; lines without one are training queries.
+SPLITS = ("train", "heldout")
+
+
+def load_queries(path: str | Path | None = None, split: str | None = None) -> list[Query]:
     """Load and validate a query file (``None``: the embedded stdlib questions).
 
     The original ``id`` (an int in DeepResearch Bench) is kept as ``str`` in ``Query.id``; the raw
     value stays in ``extra["id"]`` when it was not already a string, so exports can restore it.
+    ``split`` keeps only the lines of that split (``"train"``: also lines without a ``"split"``).
+    The embedded questions hold out every third one (20 of 60) for evaluation: those appear in no
+    training batch, no cold-start demonstration and not in the tiny tokenizer's training text.
     """
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"split={split!r}: allowed {SPLITS} or None (all queries)")
     path = EMBEDDED_QUERIES_PATH if path is None else Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"query file not found: {path}")
@@ -54,4 +63,8 @@ def load_queries(path: str | Path | None = None) -> list[Query]:
         queries.append(Query(id=qid, prompt=prompt, extra=extra))
     if not queries:
         raise DataFormatError(path, 1, "query file is empty")
+    if split is not None:
+        queries = [q for q in queries if q.extra.get("split", "train") == split]
+        if not queries:
+            raise DataFormatError(path, 1, f'no queries with "split": "{split}"')
     return queries

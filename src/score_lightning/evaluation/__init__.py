@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-SUBCOMMANDS = ("generate", "judge")
+SUBCOMMANDS = ("generate", "judge", "card")
 
 
 def _engine_arg(text: str) -> tuple[str, object]:
@@ -42,10 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="run the solver on queries; write {id,prompt,article} JSONL (resumable)")
     g.add_argument("--model", required=True, help="exported checkpoint dir (HF save_pretrained with tokenizer, e.g. <run>/export)")
-    g.add_argument("--queries", required=True, help='query JSONL {"id","prompt",...} (DeepResearch Bench query.jsonl works as is)')
+    g.add_argument("--queries", required=True, help='query JSONL {"id","prompt",...} (DeepResearch Bench query.jsonl works as is), or "embedded"')
     g.add_argument("--out", required=True, help="article JSONL to write/append (DeepResearch Bench raw_data/<model>.jsonl)")
     g.add_argument("--sources", default=None, help="companion citations file (default: <out>.sources.jsonl)")
     g.add_argument("--limit", type=int, default=None, help="only the first N queries of the file")
+    g.add_argument("--split", choices=("train", "heldout"), default=None,
+                   help="only this split of a file that marks one (the embedded queries hold out 20 for evaluation)")
     g.add_argument("--engine", choices=("hf", "vllm"), default="hf")
     g.add_argument("--engine-arg", type=_engine_arg, action="append", default=[], metavar="KEY=VALUE",
                    help="extra VLLMEngine keyword argument (repeatable; VALUE parsed as JSON when it can be)")
@@ -87,6 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--max-article-chars", type=int, default=100_000, help="article text sent to the judge (0: all)")
     j.add_argument("--max-source-chars", type=int, default=8_000, help="source passage text sent to the judge (0: all)")
     j.add_argument("--no-progress", action="store_true")
+    c = sub.add_parser("card", help="a deterministic held-out report card (no LLM): citation precision, coverage, "
+                                    "validity, length with 95%% bootstrap CIs")
+    c.add_argument("--articles", required=True, help="article JSONL written by generate")
+    c.add_argument("--sources", default=None, help="companion sources file (default: <articles>.sources.jsonl)")
+    c.add_argument("--corpus", default=None, help="bm25 corpus for coverage (default: the embedded stdlib corpus)")
+    c.add_argument("--index-dir", default=None, help="bm25 index cache dir")
+    c.add_argument("--coverage-k", type=int, default=5, help="top BM25 passages per query that coverage counts")
+    c.add_argument("--out", default=None, help="write the card as JSON here (default: <articles>.card.json)")
     return p
 
 
@@ -115,7 +125,7 @@ def _generate(args: argparse.Namespace) -> int:
     cfg = GenerateConfig(
         model=args.model, queries=args.queries, out=args.out, sources=args.sources, limit=args.limit,
         engine=args.engine, engine_kwargs=dict(args.engine_arg), retriever=args.retriever,
-        retriever_url=args.retriever_url, corpus=args.corpus, index_dir=args.index_dir, chat_template=args.chat_template,
+        retriever_url=args.retriever_url, corpus=args.corpus, index_dir=args.index_dir, chat_template=args.chat_template, split=args.split,
         max_tool_calls=args.max_tool_calls, max_response_tokens=args.max_response_tokens,
         max_observation_tokens=args.max_observation_tokens, topk=args.topk, temperature=args.temperature,
         top_p=args.top_p, batch_size=args.batch_size, seed=args.seed, dtype=args.dtype, device=args.device,
@@ -155,6 +165,21 @@ def _judge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _card(args: argparse.Namespace) -> int:
+    from score_lightning.evaluation.card import render, report_card
+    from score_lightning.retrieval.factory import build_retriever
+
+    articles = Path(args.articles)
+    sources = Path(args.sources) if args.sources else articles.with_name(articles.name + ".sources.jsonl")
+    retriever = build_retriever("bm25", corpus_path=args.corpus, index_dir=args.index_dir)
+    card = report_card(articles, sources, retriever, args.coverage_k)
+    out = Path(args.out) if args.out else articles.with_name(articles.stem + ".card.json")
+    out.write_text(json.dumps(card, indent=1))
+    print(render(card))
+    print(f"{card['queries']} queries ({card['uncited']} uncited); card: {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help"):
@@ -166,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return _generate(args) if args.command == "generate" else _judge(args)
+        return {"generate": _generate, "judge": _judge, "card": _card}[args.command](args)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

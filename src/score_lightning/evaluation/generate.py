@@ -57,6 +57,7 @@ class GenerateConfig:
     engine_kwargs: dict = field(default_factory=dict)  # extra VLLMEngine keyword arguments
     retriever: str = "bm25"  # bm25 | http
     chat_template: str | None = None  # for a checkpoint without one (an export carries the training run's)
+    split: str | None = None  # only this split of a query file that marks one ("heldout": the evaluation queries)
     retriever_url: str | None = None
     corpus: str | None = None  # bm25 corpus; default: the embedded stdlib corpus
     index_dir: str | None = None  # bm25 index cache; default: built in memory
@@ -110,7 +111,7 @@ def generate_articles(
 
     if cfg.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {cfg.batch_size}")
-    queries = load_queries(cfg.queries)
+    queries = load_queries(None if cfg.queries == "embedded" else cfg.queries, cfg.split)
     if cfg.limit is not None:
         queries = queries[: max(cfg.limit, 0)]
     out, src = Path(cfg.out), cfg.sources_path

@@ -68,13 +68,27 @@ def verified_rewards(
     advantages see it as the worst report. ``zero="scores"``: only its scores are 0 and it keeps
     the validity term a(r), the softer variant.
     """
+    if zero == "scores":
+        scores, _ = apply_verifier(scores, depth, min_depth, enabled)
+    rewards, _, verified = rewards_from_parts(validity, (scores * weights).sum(dim=-1), depth, min_depth, enabled, zero)
+    return rewards, scores, verified
+
+
+def rewards_from_parts(
+    validity: Tensor, rubric_part: Tensor, depth: Tensor, min_depth: int, enabled: bool = True, zero: str = "reward",
+) -> tuple[Tensor, Tensor, Tensor]:
+    """R_s = a · (1 + part) with the reward verifier, from each report's rubric part ``part = Σ_j w_j s_j``.
+
+    The per-report form serves rubrics that differ by query (given or evolving rubrics have their own
+    items). Returns ``(rewards [N], parts as used [N], verified [N])``.
+    """
     if zero not in ("reward", "scores"):
         raise ValueError(f"verifier.zero={zero!r}: allowed 'reward' or 'scores'")
     if zero == "scores":
-        scores, verified = apply_verifier(scores, depth, min_depth, enabled)
-        return solver_reward(validity, scores, weights), scores, verified
-    rewards, verified = apply_verifier(solver_reward(validity, scores, weights), depth, min_depth, enabled)
-    return rewards, scores, verified
+        rubric_part, verified = apply_verifier(rubric_part, depth, min_depth, enabled)
+        return validity.to(rubric_part.dtype) * (1.0 + rubric_part), rubric_part, verified
+    rewards, verified = apply_verifier(validity.to(rubric_part.dtype) * (1.0 + rubric_part), depth, min_depth, enabled)
+    return rewards, rubric_part, verified
 
 
 def pairwise_tfidf_consistency(conclusions: Sequence[str]) -> float:

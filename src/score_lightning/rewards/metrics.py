@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from score_lightning.rewards.functions import citation_validity, group_consistency, solver_reward, verified_rewards
+from score_lightning.rewards.functions import citation_validity, group_consistency, rewards_from_parts
 
 
 class _MeanMetric(Metric):
@@ -41,14 +41,19 @@ class _MeanMetric(Metric):
 
 
 class RubricReward(_MeanMetric):
-    """Mean solver reward R_s over reports, optionally after the reward verifier (as in training)."""
+    """Mean solver reward R_s over reports, optionally after the reward verifier (as in training).
 
-    def update(self, validity: Tensor, scores: Tensor, weights: Tensor, depth: Tensor | None = None,
+    ``scores`` is ``[N, k]`` with ``weights`` ``[k]``, or, with ``weights=None``, each report's rubric
+    part ``[N]`` (sum_j w_j s_j already taken with its own query's rubric).
+    """
+
+    def update(self, validity: Tensor, scores: Tensor, weights: Tensor | None = None, depth: Tensor | None = None,
                min_depth: int = 0, zero: str = "reward") -> None:
+        part = scores if weights is None else (scores * weights).sum(dim=-1)
         if depth is None:
-            rewards = solver_reward(validity, scores, weights)
+            rewards = validity.to(part.dtype) * (1.0 + part)
         else:
-            rewards, _, _ = verified_rewards(validity, scores, weights, depth, min_depth, True, zero)
+            rewards, _, _ = rewards_from_parts(validity, part, depth, min_depth, True, zero)
         self._accumulate(rewards.detach().double().sum(), rewards.numel())
 
 

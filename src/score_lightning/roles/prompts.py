@@ -78,7 +78,9 @@ def _line(dim: str, weight: float | None, state: HarnessState) -> str:
 
 
 def format_rubric(rubric: Rubric, state: HarnessState) -> str:
-    """One line per dimension: ``- name (weight 0.40): definition``."""
+    """One line per dimension: ``- name (weight 0.40): definition`` (the item's own text when it has one)."""
+    if rubric.texts:
+        return "\n".join(f"- {d} (weight {format_weight(w)}): {t}" for d, w, t in zip(rubric.dims, rubric.weights, rubric.texts))
     return "\n".join(_line(d, w, state) for d, w in zip(rubric.dims, rubric.weights))
 
 

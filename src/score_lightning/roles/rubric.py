@@ -72,16 +72,27 @@ def format_weight(w: float) -> str:
 
 @dataclass(frozen=True)
 class Rubric:
-    """k dimensions and their weights, in the evaluator's order."""
+    """k dimensions (or criteria) and their weights, in the evaluator's order.
+
+    SCORE's rubrics name dimensions of the harness pool, whose definitions the prompts show. Other
+    rubric sources (given per-query criteria, evolving RLER items) carry their own ``texts`` (one per
+    item, shown instead of a pool definition); their ``dims`` are short ids the evaluator scores by.
+    A negative weight is a "penalise this" item. ``binary`` items count as met (1) or not (0).
+    """
 
     dims: tuple[str, ...]
     weights: tuple[float, ...]
+    texts: tuple[str, ...] = ()
+    binary: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dims", tuple(str(d) for d in self.dims))
         object.__setattr__(self, "weights", tuple(float(w) for w in self.weights))
+        object.__setattr__(self, "texts", tuple(str(t) for t in self.texts))
         if len(self.dims) != len(self.weights):
             raise ValueError(f"Rubric: {len(self.dims)} dims but {len(self.weights)} weights")
+        if self.texts and len(self.texts) != len(self.dims):
+            raise ValueError(f"Rubric: {len(self.dims)} dims but {len(self.texts)} texts")
 
     def as_dict(self) -> dict[str, float]:
         return dict(zip(self.dims, self.weights))

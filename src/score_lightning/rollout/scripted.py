@@ -30,7 +30,8 @@ _FIRST_QUERY_RE = re.compile(r"Queries:\n1\. (.*?)\n")
 
 @dataclass(frozen=True)
 class ScriptRequest:
-    role: str  # "rubric" | "solver" | "scoring" | "unknown"
+    role: str  # "rubric" | "items" (RLER) | "solver" | "scoring" | "mams_search" | "mams_state" | "mams_report"
+    #            | "step" (a step judgement) | "unknown"
     query: str  # the question (for a rubric prompt: the first listed query)
     index: int  # position among identical prompts of the same batch: the rollout k for the solver
     turn: int  # 0 for the first generation of this trajectory
@@ -40,9 +41,15 @@ class ScriptRequest:
 
 def prompt_role(prompt_text: str) -> str:
     """Which of the actor's prompts this is, from its system message."""
+    from score_lightning.roles import mams_prompts as M
     from score_lightning.roles.prompts import RUBRIC_SYSTEM, SCORING_SYSTEM, SOLVER_SYSTEM
+    from score_lightning.roles.step_judge import STEP_SYSTEM
+    from score_lightning.rubrics.items import ITEMS_SYSTEM
 
-    for role, system in (("rubric", RUBRIC_SYSTEM), ("scoring", SCORING_SYSTEM), ("solver", SOLVER_SYSTEM)):
+    for role, system in (("rubric", RUBRIC_SYSTEM), ("items", ITEMS_SYSTEM), ("scoring", SCORING_SYSTEM),
+                         ("solver", SOLVER_SYSTEM), ("mams_search", M.MAMS_SEARCH_SYSTEM),
+                         ("mams_state", M.MAMS_STATE_SYSTEM), ("mams_report", M.MAMS_REPORT_SYSTEM),
+                         ("step", STEP_SYSTEM)):
         if system.split("\n", 1)[0][:60] in prompt_text:
             return role
     return "unknown"
@@ -166,6 +173,12 @@ class ProtocolResponder:
             return self.solver(req)
         if req.role == "scoring":
             return self.scoring(req)
+        if req.role == "items":
+            return self.items(req)
+        from score_lightning.rollout.scripted_roles import WORKFLOW_ROLES  # solver.agent=mams, reward.step=rubric
+
+        if req.role in WORKFLOW_ROLES:
+            return WORKFLOW_ROLES[req.role](req)
         return P.IM_END
 
     @staticmethod
@@ -185,16 +198,20 @@ class ProtocolResponder:
         if req.turn == 0:
             return f"<think>search the corpus</think>{P.SEARCH_OPEN}{words}{P.SEARCH_CLOSE}"
         ids = _OBS_ID_RE.findall(req.context)
-        cite = f" [{ids[0]}]" if ids else ""
-        variant = req.index % 3
-        if variant == 0:
-            body = (f"The documentation describes {words}{cite}. It explains the behaviour in detail and "
-                    f"gives the main caveats{cite}.\n\nConclusion: {words} is documented in the standard library.")
-        elif variant == 1:
-            body = f"{words} is covered by the corpus{cite}.\n\nConclusion: see the module documentation first."
+        return f"{P.ANSWER_OPEN}{report_body(words, ids[0] if ids else None, req.index % 3)}{P.ANSWER_CLOSE}"
+
+    @staticmethod
+    def items(req: ScriptRequest) -> str:
+        """RLER items: a first set from the search results, new ones when contrasting two reports."""
+        words = " ".join(re.findall(r"[A-Za-z_.]+", req.query)[:3]) or "the question"
+        if "[Best report]" in req.prompt:
+            body = (f'<item weight="0.5">Gives a concrete example of {words}</item>'
+                    '<item weight="0.3" sign="-">States a conclusion without any citation</item>')
         else:
-            body = f"{words} is probably relevant here, but I did not check it.\n\nConclusion: unclear."
-        return f"{P.ANSWER_OPEN}{body}{P.ANSWER_CLOSE}"
+            body = (f'<item weight="0.4">Explains {words} with a cited document</item>'
+                    '<item weight="0.3">Cites at least two retrieved documents</item>'
+                    '<item weight="0.3">Ends with a one-sentence conclusion</item>')
+        return f"<rubric_items>{body}</rubric_items>"
 
     def scoring(self, req: ScriptRequest) -> str:
         if req.turn < self.verify_searches:
@@ -209,3 +226,14 @@ class ProtocolResponder:
                            f"{P.GAP_OPEN}depth of analysis{P.GAP_CLOSE}{P.SCORES_OPEN}{scores}{P.SCORES_CLOSE}"
                            f"{P.REPORT_CLOSE}")
         return f"{P.EVALS_OPEN}{''.join(reports)}{P.EVALS_CLOSE}"
+
+
+def report_body(words: str, doc_id: str | None, variant: int) -> str:
+    """The scripted report of quality ``variant``: 0 long and cited twice, 1 short and cited, 2 uncited."""
+    cite = f" [{doc_id}]" if doc_id else ""
+    if variant == 0:
+        return (f"The documentation describes {words}{cite}. It explains the behaviour in detail and "
+                f"gives the main caveats{cite}.\n\nConclusion: {words} is documented in the standard library.")
+    if variant == 1:
+        return f"{words} is covered by the corpus{cite}.\n\nConclusion: see the module documentation first."
+    return f"{words} is probably relevant here, but I did not check it.\n\nConclusion: unclear."

@@ -1,8 +1,37 @@
-"""``Trajectory``: one multi-turn rollout, kept as exact token ids with a response mask."""
+"""``Trajectory``: one multi-turn rollout, kept as exact token ids with a response mask.
+
+A ReAct trajectory is one row: a prompt, then model turns (mask 1) interleaved with tool
+observations (mask 0). A MaMs trajectory (``solver.agent=mams``) is several rows: each role call
+(search, state, report) has its own bounded prompt and its own generated response, kept as a
+:class:`Segment`. Observations then live inside the state role's prompts, so they are never
+trained, and every segment's response is the policy's own tokens (mask 1). The trajectory-level
+fields stay meaningful for both: ``response_ids`` is the concatenation of the segments' responses
+(length metrics), ``model_text`` is the final report wrapped as ``<answer>…</answer>`` (validity,
+citations and conclusions parse it unchanged), and ``rows()`` is what the GRPO update trains.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from score_lightning.protocol import ANSWER_CLOSE, ANSWER_OPEN
+
+
+@dataclass
+class Segment:
+    """One role call of a segmented (MaMs) trajectory: a bounded prompt and the policy's response.
+
+    ``step`` is the index into the trajectory's ``search_queries`` when this segment issued that
+    search (step-level rewards put their advantage on exactly these tokens), else ``None``.
+    """
+
+    role: str  # "search" | "state" | "report"
+    turn: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    engine_logprobs: list[float]
+    step: int | None = None
 
 
 @dataclass
@@ -27,6 +56,12 @@ class Trajectory:
     truncated: bool = False
     finished: bool = False
     meta: dict = field(default_factory=dict)
+    #: MaMs role calls in generation order (empty for a ReAct trajectory)
+    segments: list[Segment] = field(default_factory=list)
+    #: MaMs: the final report (``None``: no complete report was written)
+    report: str | None = None
+    #: MaMs: the document ids each search step retrieved, aligned with ``search_queries``
+    step_doc_ids: list[list[str]] = field(default_factory=list)
 
     def append(self, ids: list[int], mask_value: int, logprobs: list[float] | None = None) -> None:
         self.response_ids.extend(ids)
@@ -34,6 +69,15 @@ class Trajectory:
         if logprobs is None:
             logprobs = [0.0] * len(ids)
         self.engine_logprobs.extend(logprobs)
+
+    def add_segment(self, segment: Segment) -> None:
+        """Record one role call; the trajectory-level token lists stay its concatenation."""
+        self.segments.append(segment)
+        self.append(segment.response_ids, 1, segment.engine_logprobs)
+
+    def rows(self) -> list["Trajectory | Segment"]:
+        """The (prompt, response, mask) rows the update trains: the segments, or the trajectory itself."""
+        return list(self.segments) if self.segments else [self]
 
     @property
     def num_model_tokens(self) -> int:
@@ -43,5 +87,11 @@ class Trajectory:
         return tokenizer.decode(self.response_ids)
 
     def model_text(self, tokenizer) -> str:
-        """Only the model-written tokens (observations removed): what validity and parsing judge."""
+        """Only the model-written tokens (observations removed): what validity and parsing judge.
+
+        A segmented trajectory answers with its final report, wrapped as the ReAct solver's
+        ``<answer>`` block, so one parser judges both workflows (no report: an empty string).
+        """
+        if self.segments:
+            return f"{ANSWER_OPEN}{self.report}{ANSWER_CLOSE}" if self.report is not None else ""
         return tokenizer.decode([t for t, m in zip(self.response_ids, self.response_mask) if m])

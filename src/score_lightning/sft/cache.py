@@ -21,12 +21,13 @@ from omegaconf import DictConfig, OmegaConf
 from score_lightning.paths import corpus_path
 from score_lightning.sft.demo_types import DemoBudgets
 from score_lightning.sft.demos import DEMO_VERSION
+from score_lightning.sft.workflow_demos import workflow_key_inputs
 
 #: Bump when the training procedure changes (loss, schedule, saving), so caches are invalidated.
 SFT_FORMAT_VERSION = 1
 META_FILE = "sft_meta.json"
 #: ``sft`` keys that do not change the trained weights (excluded from the cache key)
-_NON_KEY_FIELDS = ("enabled", "cache_dir", "log_every_n_steps", "probe", "log_samples", "shared_prompt")
+_NON_KEY_FIELDS = ("enabled", "cache_dir", "log_every_n_steps", "probe", "log_samples", "shared_prompt", "use_packaged")
 #: files above this size are hashed by (size, first and last MiB) instead of their full content
 _FULL_HASH_LIMIT = 256 << 20
 
@@ -90,10 +91,11 @@ def sft_key_inputs(cfg: DictConfig, model_path: str) -> dict[str, Any]:
         "demo_version": DEMO_VERSION,
         "format_version": SFT_FORMAT_VERSION,
         "retriever": _retriever_identity(cfg),
-        "queries": _queries_identity(cfg),
+        "queries": [_queries_identity(cfg), str(cfg.data.get("split", "train"))],
         "harness_initial_state": OmegaConf.to_container(cfg.harness.initial_state, resolve=True),
         "budgets": asdict(DemoBudgets.from_cfg(cfg)),
         "dtype": str(cfg.model.dtype),
+        **workflow_key_inputs(cfg),  # {} for the default cold start, so its key is unchanged
     }
 
 

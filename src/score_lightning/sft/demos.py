@@ -34,6 +34,7 @@ from score_lightning.sft.demo_types import RUBRIC, SCORING, SOLVER, Demo, DemoBu
 from score_lightning.sft.rubric_demos import rubric_group
 from score_lightning.sft.scoring_demos import scoring_group
 from score_lightning.sft.solver_demos import solver_group
+from score_lightning.sft.workflow_demos import ExtraKind
 
 log = logging.getLogger(__name__)
 
@@ -51,17 +52,21 @@ class DemoBuilder:
         self.stats = DemoStats()
 
     def build(self, n_solver: int, n_rubric: int, n_scoring: int,
-              per_prompt: dict[str, int] | None = None) -> list[Demo]:
+              per_prompt: dict[str, int] | None = None, extra: Sequence[ExtraKind] = ()) -> list[Demo]:
         """About ``n_*`` demos per kind, in groups of ``per_prompt[kind]`` responses sharing one prompt.
+
+        ``extra`` registers the solver workflows' kinds (:mod:`~score_lightning.sft.workflow_demos`),
+        built after the default three, which stay byte-identical.
 
         Deterministic given the seed; a kind's demos do not depend on the other kinds' counts. The
         ``group`` field numbers the prompts (the trainer runs each prompt once for its whole group).
         """
         ctx = self.ctx
-        per = {SOLVER: 1, RUBRIC: 1, SCORING: 1, **(per_prompt or {})}
+        per = {SOLVER: 1, RUBRIC: 1, SCORING: 1, **(per_prompt or {}), **{x.kind: x.per_prompt for x in extra}}
+        builders = {x.kind: x.group for x in extra}
         demos: list[Demo] = []
         group = 0
-        for kind, n in ((SOLVER, n_solver), (RUBRIC, n_rubric), (SCORING, n_scoring)):
+        for kind, n in ((SOLVER, n_solver), (RUBRIC, n_rubric), (SCORING, n_scoring), *((x.kind, x.n) for x in extra)):
             rng = random.Random(f"{self.seed}-{kind}-{DEMO_VERSION}")
             size = max(1, int(per[kind]))
             n_prompts = -(-n // size) if n > 0 else 0
@@ -74,9 +79,11 @@ class DemoBuilder:
                     ds = solver_group(ctx, sub, query, size)
                 elif kind == RUBRIC:
                     ds = rubric_group(ctx, sub, size)
-                else:
+                elif kind == SCORING:
                     ds = scoring_group(ctx, sub, query, size)
-                self.stats.dropped[kind] += size - len(ds)
+                else:
+                    ds = builders[kind](ctx, sub, query, size)
+                self.stats.dropped[kind] = self.stats.dropped.get(kind, 0) + max(0, size - len(ds))
                 if not ds:
                     continue
                 for d in ds:
@@ -84,7 +91,7 @@ class DemoBuilder:
                 demos.extend(ds)
                 group += 1
                 got += 1
-                self.stats.built[kind] += len(ds)
+                self.stats.built[kind] = self.stats.built.get(kind, 0) + len(ds)
             if got < n_prompts:
                 log.warning("sft demos: built %d/%d %s prompts (the rest did not fit the budgets)", got, n_prompts, kind)
         return demos
@@ -93,17 +100,18 @@ class DemoBuilder:
 def build_demos(tokenizer, retriever: Retriever, queries: Sequence[str], budgets: DemoBudgets,
                 n_solver: int, n_rubric: int, n_scoring: int, seed: int = 0,
                 base_state: HarnessState | None = None,
-                per_prompt: dict[str, int] | None = None) -> tuple[list[Demo], DemoStats]:
-    """Build all demonstrations; returns them (solver, then rubric, then scoring) and the counts."""
+                per_prompt: dict[str, int] | None = None,
+                extra: Sequence[ExtraKind] = ()) -> tuple[list[Demo], DemoStats]:
+    """Build all demonstrations; returns them (solver, rubric, scoring, then ``extra`` kinds) and the counts."""
     builder = DemoBuilder(tokenizer, retriever, queries, budgets, base_state, seed)
-    demos = builder.build(n_solver, n_rubric, n_scoring, per_prompt)
+    demos = builder.build(n_solver, n_rubric, n_scoring, per_prompt, extra)
     return demos, builder.stats
 
 
 def demo_summary(demos: Sequence[Demo]) -> dict[str, float]:
     """Counts and mean lengths per kind, for logs and the cache's metadata."""
     out: dict[str, float] = {}
-    for kind in (SOLVER, RUBRIC, SCORING):
+    for kind in dict.fromkeys([SOLVER, RUBRIC, SCORING, *(d.kind for d in demos)]):
         ds = [d for d in demos if d.kind == kind]
         out[f"{kind}/count"] = float(len(ds))
         if ds:

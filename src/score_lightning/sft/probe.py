@@ -38,7 +38,7 @@ def probe_policy(model, tokenizer, retriever, cfg: DictConfig, n_rubric: int, n_
     """
     b = DemoBudgets.from_cfg(cfg)
     rng = random.Random(seed)
-    queries = [q.prompt for q in load_queries(cfg.data.get("queries_path"))]
+    queries = [q.prompt for q in load_queries(cfg.data.get("queries_path"), cfg.data.get("split", "train"))]
     state = HarnessState.from_dict(OmegaConf.to_container(cfg.harness.initial_state, resolve=True))
     sched = DimensionScheduler(list(state.dimension_pool))
     engine = HFEngine(lambda: model, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer,

@@ -108,6 +108,10 @@ def run_sft(cfg: DictConfig, model_path: str) -> Path:
     loggers = _sft_loggers(cfg)
     where = str(cfg.paths.output_dir)
     with _file_lock(out.parent / f".{out.name}.lock"):
+        if not is_complete(out) and bool(cfg.sft.get("use_packaged", True)):
+            from score_lightning.sft.asset import install_packaged
+
+            install_packaged(out)  # the default tiny model's cold start ships with the package
         if is_complete(out):
             meta = json.loads((out / META_FILE).read_text())
             log.info("sft: reusing cached cold-start checkpoint %s (no training)", out)

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from score_lightning.sft.demo_types import Demo, DemoBudgets
 from score_lightning.sft.demos import build_demos, demo_summary
+from score_lightning.sft.workflow_demos import WorkflowDemoSpec, workflow_kinds
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +28,13 @@ def build_sft_demos(cfg: DictConfig, tokenizer, retriever=None) -> tuple[list[De
     s = cfg.sft
     if retriever is None:
         retriever = retriever_from_config(cfg.retriever, cfg.paths.cache_dir)
-    queries = [q.prompt for q in load_queries(cfg.data.get("queries_path"))]
+    queries = [q.prompt for q in load_queries(cfg.data.get("queries_path"), cfg.data.get("split", "train"))]
     base = HarnessState.from_dict(OmegaConf.to_container(cfg.harness.initial_state, resolve=True))
     per = OmegaConf.to_container(s.responses_per_prompt, resolve=True) if s.get("responses_per_prompt") else None
     demos, stats = build_demos(
         tokenizer, retriever, queries, DemoBudgets.from_cfg(cfg), int(s.num_solver_demos), int(s.num_rubric_demos),
         int(s.num_scoring_demos), seed=int(s.seed), base_state=base, per_prompt=per,
+        extra=workflow_kinds(WorkflowDemoSpec.from_cfg(cfg)),  # solver.agent=mams / reward.step=rubric only
     )
     max_len = int(s.max_seq_len)
     kept = [d for d in demos if d.num_tokens <= max_len]

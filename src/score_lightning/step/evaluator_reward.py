@@ -1,12 +1,18 @@
 """Stage 5a: the evaluator's reward for its rubric, and what enters the consistency C(Gamma).
 
-``evaluator.reward`` selects the signal REINFORCE follows:
+``evaluator.reward`` selects the signal REINFORCE follows (``rubric=score`` and ``rubric=evolving``):
 
-* ``consistency`` (SCORE): R_eval = mean over queries of C_i, the mean pairwise TF-IDF cosine of
-  the conclusions of the query's *valid* reports. A query with fewer than two valid reports has no
-  C_i; a step in which no query has one gives no evaluator update (and leaves the baseline alone).
-* ``solver_reward`` (the paper's "without consistency reward" ablation): R_eval = the mean solver
-  reward R_s under the rubric, the directly exploitable signal consistency replaces.
+* ``consistency`` (SCORE): R = mean over queries of C_i, the mean pairwise TF-IDF cosine of the
+  conclusions of the query's *valid* reports. A query with fewer than two valid reports has no C_i;
+  a step in which no query has one gives no evaluator update (and leaves the baseline alone).
+* ``discriminative`` (EvoRubrics' self-supervised variant): R = mean over queries of the std of the
+  rubric-weighted scores of the K reports, so a rubric is rewarded for keeping the solver's
+  reports apart as the solver improves.
+* ``preference``: R = the share of held-out preference pairs that scoring with the rubric ranks
+  the right way (see :mod:`score_lightning.rubrics.preference`), optionally mixed with an LLM
+  appraisal of the rubric.
+* ``solver_reward`` (the paper's "without consistency reward" ablation): R = the mean solver reward
+  R_s under the rubric, the directly exploitable signal consistency replaces.
 
 An invalid rubric (the solver used the harness fallback) is rewarded ``invalid_rubric_reward``.
 """
@@ -16,9 +22,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from torch import Tensor
+
+from score_lightning.rewards.functions import consistency_over_valid
 from score_lightning.roles.answer import AnswerParse, extract_conclusion
 
-EVALUATOR_REWARDS = ("consistency", "solver_reward")
+EVALUATOR_REWARDS = ("consistency", "discriminative", "preference", "solver_reward")
 
 
 def valid_conclusion_groups(answers: Sequence[AnswerParse], num_reports: int) -> list[list[str]]:
@@ -31,15 +40,32 @@ def valid_conclusion_groups(answers: Sequence[AnswerParse], num_reports: int) ->
     return groups
 
 
-def evaluator_reward(kind: str, rubric_valid: bool, consistency: float, mean_solver_reward: float,
-                     invalid_rubric_reward: float) -> float | None:
-    """The step's R_eval, or ``None`` when the step carries no evaluator signal.
+def group_spreads(rubric_part: Tensor, num_reports: int) -> list[float]:
+    """Per query: the population std of the K reports' rubric-weighted scores (the discriminative reward)."""
+    return rubric_part.view(-1, num_reports).float().std(dim=1, unbiased=False).tolist()
 
-    ``consistency`` and ``mean_solver_reward`` are global (pooled over ranks); NaN means undefined.
-    """
+
+def per_query_values(kind: str, answers: Sequence[AnswerParse], rubric_part: Tensor, rewards: Tensor,
+                     num_reports: int) -> list[float | None]:
+    """This rank's per-query evaluator reward (``None``: undefined), for rubrics that belong to one query."""
+    if kind == "consistency":
+        out = []
+        for start in range(0, len(answers), num_reports):
+            group = answers[start:start + num_reports]
+            out.append(consistency_over_valid([extract_conclusion(a.answer or "") for a in group],
+                                              [bool(a.valid and a.answer) for a in group]))
+        return out
+    if kind == "discriminative":
+        return list(group_spreads(rubric_part, num_reports))
+    if kind == "solver_reward":
+        return rewards.view(-1, num_reports).mean(dim=1).tolist()
+    return [None] * (len(answers) // num_reports)  # preference: a global value only
+
+
+def evaluator_reward(kind: str, rubric_valid: bool, value: float, invalid_rubric_reward: float) -> float | None:
+    """A rubric's R_eval from its mode's value (NaN: undefined), or ``None`` when there is no signal."""
     if kind not in EVALUATOR_REWARDS:
         raise ValueError(f"evaluator.reward={kind!r}: allowed {EVALUATOR_REWARDS}")
     if not rubric_valid:
         return float(invalid_rubric_reward)
-    value = consistency if kind == "consistency" else mean_solver_reward
-    return None if math.isnan(value) else float(value)
+    return None if value is None or math.isnan(value) else float(value)

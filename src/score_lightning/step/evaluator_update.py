@@ -1,20 +1,22 @@
-"""Stage 5b: Phase 2, the evaluator's REINFORCE update on the step's rubric tokens.
+"""Stage 5b: Phase 2, the evaluator's REINFORCE update on the tokens that wrote the step's rubrics.
 
-loss = -alpha * A * sum_t log pi(rubric token t | rubric prompt) + kl_coef * mean_t k3(pi, ref),
-over the tokens up to the end of ``</dimensions>`` (``RubricSample.train_mask``). The rubric is the
-one rank 0 sampled and broadcast (see ``rubric_stage``): every rank computes this same loss, and
-DDP / FSDP2 average identical gradients, so the update equals one process training the rubric once
-(no rescaling by the world size, unlike the solver's token sums).
+loss = mean_s(-alpha * A_s * sum_t log pi(token t of rubric s | its prompt)) + kl_coef * mean_t k3(pi, ref),
+over the tokens up to the end of each rubric block (``RubricSample.train_mask``). SCORE's single
+rubric is the one rank 0 sampled and broadcast: every rank computes the same loss and DDP / FSDP2
+average identical gradients, so the update equals one process training it once. Rubrics that
+belong to queries (RLER items) differ by rank; every rank still makes exactly one forward and
+backward (a masked dummy row when it has none), as data-parallel gradient averaging requires.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from score_lightning.batching import build_token_batch, policy_logprobs
+from score_lightning.batching import TokenBatch, build_token_batch, policy_logprobs
 from score_lightning.losses import k3_kl, masked_mean, reinforce_loss
 from score_lightning.step.solver_update import OptimizerHooks
 from score_lightning.step.types import RubricSample
@@ -33,18 +35,33 @@ class ReinforceSettings:
                    float(cfg.loss.kl_clamp))
 
 
-def rubric_logprob(model: nn.Module, sample: RubricSample, temperature: float, pad_id: int, device) -> torch.Tensor:
-    """Summed log-probability of the trained rubric tokens (with grad when enabled)."""
-    batch = build_token_batch([sample.prompt_ids], [sample.response_ids], [sample.train_mask], pad_id).to(device)
+def rubric_batch(samples: Sequence[RubricSample], pad_id: int) -> TokenBatch:
+    """The samples as rows; with none, one fully masked row so the rank still joins the backward."""
+    if not samples:
+        return build_token_batch([[pad_id]], [[pad_id]], [[0]], pad_id)
+    return build_token_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples],
+                             [s.train_mask for s in samples], pad_id)
+
+
+def rubric_logprobs(model: nn.Module, batch: TokenBatch, temperature: float):
+    """Per-row summed log-probability of the trained rubric tokens, and the per-token log-probs."""
     logp, _ = policy_logprobs(model, batch, temperature)
-    return (logp * batch.loss_mask).sum(dim=1), logp, batch
+    return (logp * batch.loss_mask).sum(dim=1), logp
 
 
-def evaluator_update(model: nn.Module, ref: nn.Module | None, sample: RubricSample, advantage: float,
-                     settings: ReinforceSettings, pad_id: int, hooks: OptimizerHooks) -> dict[str, float]:
-    """One REINFORCE step. Collective under data parallelism (every rank runs it on the same sample)."""
-    seq_lp, logp, batch = rubric_logprob(model, sample, settings.temperature, pad_id, hooks.device)
-    loss = reinforce_loss(seq_lp, advantage, settings.alpha)
+def evaluator_update(model: nn.Module, ref: nn.Module | None, samples: Sequence[RubricSample],
+                     advantages: Sequence[float], settings: ReinforceSettings, pad_id: int,
+                     hooks: OptimizerHooks) -> dict[str, float]:
+    """One REINFORCE step over this rank's rubric samples. Collective under data parallelism.
+
+    A sample is anything with ``prompt_ids``, ``response_ids`` and ``train_mask``: rubric samples, and
+    with ``reward.step=rubric`` also the step judgements (``step_rewards.StepSample``), folded in by
+    ``StepJudgement.fold`` so the rank still makes exactly one backward per step.
+    """
+    batch = rubric_batch(samples, pad_id).to(hooks.device)
+    seq_lp, logp = rubric_logprobs(model, batch, settings.temperature)
+    adv = torch.tensor(list(advantages) if samples else [0.0], dtype=seq_lp.dtype, device=seq_lp.device)
+    loss = reinforce_loss(seq_lp, adv, settings.alpha)
     kl_value = 0.0
     if settings.kl_coef > 0 and ref is not None:
         with torch.no_grad():

@@ -19,11 +19,11 @@ def record_rewards(sc: StepScalars, ro: StepRollouts, rw: StepRewards, num_rollo
                    zero: str) -> None:
     """Rewards, their decomposition, validity, verification and the groups without a gradient."""
     n = len(rw.rewards)
-    sc.reward.update(rw.validity, rw.scores, rw.weights, depth=rw.depth if verifier_enabled else None,
+    sc.reward.update(rw.validity, rw.rubric_part, None, depth=rw.depth if verifier_enabled else None,
                      min_depth=rw.tau, zero=zero)
     sc.reward_sq.update(rw.rewards.double() ** 2)
     valid = rw.validity > 0
-    score_term = rw.weighted_scores
+    score_term = rw.rubric_part
     if verifier_enabled and zero == "reward":
         score_term = torch.where(rw.verified, score_term, torch.zeros_like(score_term))
     sc.mean("solver/answer_valid_rate", float(rw.validity.sum()), n)
@@ -50,14 +50,30 @@ def record_rollouts(sc: StepScalars, ro: StepRollouts) -> None:
     sc.mean("rollout/response_len_mean", float(sum(len(t.response_ids) for t in solver)), n)
     sc.mean("rollout/truncated_rate", float(sum(t.truncated for t in solver)), n)
     sc.sum("rollout/invalid_actions", float(sum(t.invalid_actions for t in solver)))
-    generated = sum(t.num_model_tokens for t in solver + ro.scoring) + ro.rubric.num_tokens
+    generated = sum(t.num_model_tokens for t in solver + ro.scoring) + ro.rubrics.num_tokens
     sc.sum("rollout/generated_tokens", float(generated))
+    if solver and solver[0].meta.get("agent") == "mams":  # solver.agent, the same on every rank
+        record_mams(sc, solver)
+
+
+def record_mams(sc: StepScalars, solver: list) -> None:
+    """MaMs: turns per trajectory, memory length per state update, and the longest role prompt (a max)."""
+    memory = [n for t in solver for n in t.meta.get("memory_tokens", [])]
+    sc.mean("rollout/mams_turns_mean", float(sum(t.meta.get("turns", 0) for t in solver)), len(solver))
+    sc.mean("rollout/memory_tokens_mean", float(sum(memory)), len(memory))
+    sc.max("rollout/context_tokens_max", float(max(t.meta.get("context_max", 0) for t in solver)))
 
 
 def record_solver_update(sc: StepScalars, upd: SolverUpdateResult) -> None:
-    """Token means of the update's terms, pooled over every rank's response tokens."""
+    """Token means of the update's terms, pooled over every rank's response tokens; with the trainer's
+    pre-update log-probs (PPO epochs, mini-batches, vLLM), the engine-vs-trainer log-prob gap per trained row."""
     tokens = upd.sums["tokens"]
     for key, tag in (("pg", "solver/pg_loss"), ("kl", "solver/kl"), ("clipfrac", "solver/clipfrac"),
                      ("entropy", "solver/entropy"), ("loss", "solver/loss")):
         sc.mean(tag, upd.sums[key], tokens)
     sc.mean("solver/advantage_abs_mean", float(upd.advantages.abs().sum()), upd.advantages.numel())
+    if upd.trainer_logprobs is not None:
+        from score_lightning.callbacks.vllm_rollout import logprob_mismatch
+
+        diff = logprob_mismatch(upd.rows, upd.trainer_logprobs)
+        sc.mean("rollout/logprob_diff", diff or 0.0, 1.0 if diff is not None else 0.0)

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from score_lightning.harness.state import HarnessState, ProcessConstraints
-from score_lightning.rewards.functions import verified_rewards
+from score_lightning.rewards.functions import rewards_from_parts
 from score_lightning.roles.answer import AnswerParse, parse_answer
 from score_lightning.roles.evaluation import EvaluationParse, parse_evaluation
 from score_lightning.roles.rubric import Rubric
@@ -50,8 +50,8 @@ class StepRewards:
 
     answers: list[AnswerParse]
     validity: Tensor  # [N] a(r)
-    scores: Tensor  # [N, k] after the process gate (and the verifier with zero="scores")
-    weights: Tensor  # [k]
+    item_scores: list[Tensor]  # per query [K, k_q]: the evaluator's scores as used (after the process gate)
+    rubric_part: Tensor  # [N] sum_j w_j s_j as it entered the reward (0 where the verifier zeroed scores)
     depth: Tensor  # [N] verification searches behind each report's scores
     verified: Tensor  # [N] bool, depth >= tau
     process_ok: Tensor  # [N] bool, the report's evaluation met the process rules
@@ -59,10 +59,14 @@ class StepRewards:
     rewards: Tensor  # [N] s_i^k, what GRPO normalises
     tau: int
 
-    @property
-    def weighted_scores(self) -> Tensor:
-        """sum_j w_j s_j per report (the rubric part of R_s before validity)."""
-        return (self.scores * self.weights).sum(dim=-1)
+
+def rubric_part(scores: Tensor, rubric: Rubric) -> Tensor:
+    """sum_j w_j s_j per report ``[K]``; binary items count as met (1) or not (0), and a rubric with
+    "penalise this" items (negative weights) is clipped to [0, 1]."""
+    if rubric.binary:
+        scores = (scores >= 0.5).to(scores.dtype)
+    part = (scores * torch.tensor(rubric.weights, dtype=scores.dtype)).sum(dim=-1)
+    return part.clamp(0.0, 1.0) if any(w < 0 for w in rubric.weights) else part
 
 
 def effective_tau(min_search_depth: int, state: HarnessState) -> int:
@@ -92,39 +96,36 @@ def parse_answers(solver: Sequence[Trajectory], tokenizer, settings: RewardSetti
 
 
 def assemble_rewards(
-    answers: Sequence[AnswerParse], scoring: Sequence[Trajectory], rubric: Rubric, state: HarnessState,
+    answers: Sequence[AnswerParse], scoring: Sequence[Trajectory], rubrics: Sequence[Rubric], state: HarnessState,
     num_reports: int, settings: RewardSettings, tokenizer,
 ) -> StepRewards:
-    """Parse each query's evaluation and combine validity, scores, gates and the verifier."""
+    """Parse each query's evaluation under that query's rubric and combine validity, scores, gates and the verifier."""
     pc = state.process_constraints
-    rows: list[list[float]] = []
+    matrices: list[Tensor] = []
     depth: list[int] = []
     process_ok: list[bool] = []
     eval_valid: list[bool] = []
-    for st in scoring:
+    for st, rubric in zip(scoring, rubrics):
         ev = parse_evaluation(st.model_text(tokenizer), rubric, num_reports, require_verification=pc.require_verification,
                               require_gap_analysis=pc.require_gap_analysis)
         ok = meets_process_rules(ev, num_reports, pc)
-        matrix = ev.score_matrix(rubric, num_reports)
-        rows.extend(row if ok else [0.0] * len(row) for row in matrix)
+        matrix = torch.tensor(ev.score_matrix(rubric, num_reports), dtype=torch.float32).reshape(num_reports, -1)
+        matrices.append(matrix if ok else torch.zeros_like(matrix))
         depth.extend([len(st.search_queries)] * num_reports)
         process_ok.extend([ok] * num_reports)
         eval_valid.append(ev.valid)
-    return combine(answers, rows, depth, process_ok, eval_valid, rubric, effective_tau(settings.min_search_depth, state),
-                   settings)
+    return combine(answers, matrices, rubrics, depth, process_ok, eval_valid,
+                   effective_tau(settings.min_search_depth, state), settings)
 
 
 def combine(
-    answers: Sequence[AnswerParse], score_rows: Sequence[Sequence[float]], depth: Sequence[int],
-    process_ok: Sequence[bool], eval_valid: list[bool], rubric: Rubric, tau: int, settings: RewardSettings,
+    answers: Sequence[AnswerParse], matrices: Sequence[Tensor], rubrics: Sequence[Rubric], depth: Sequence[int],
+    process_ok: Sequence[bool], eval_valid: list[bool], tau: int, settings: RewardSettings,
 ) -> StepRewards:
-    """The tensor arithmetic of :func:`assemble_rewards`, on already-parsed inputs."""
-    n, k = len(answers), len(rubric.dims)
+    """The tensor arithmetic of :func:`assemble_rewards`, on already-parsed inputs (one matrix per query)."""
     validity = torch.tensor([float(a.valid) for a in answers], dtype=torch.float32)
-    scores = torch.tensor(list(score_rows), dtype=torch.float32).reshape(n, k)
-    weights = torch.tensor(rubric.weights, dtype=torch.float32)
+    parts = torch.cat([rubric_part(m, r) for m, r in zip(matrices, rubrics)]) if matrices else validity.new_zeros(0)
     depth_t = torch.tensor(list(depth), dtype=torch.long)
-    rewards, scores, verified = verified_rewards(validity, scores, weights, depth_t, tau, settings.verifier_enabled,
-                                                 settings.zero)
-    return StepRewards(list(answers), validity, scores, weights, depth_t, verified,
+    rewards, parts, verified = rewards_from_parts(validity, parts, depth_t, tau, settings.verifier_enabled, settings.zero)
+    return StepRewards(list(answers), validity, list(matrices), parts, depth_t, verified,
                        torch.tensor(list(process_ok), dtype=torch.bool), eval_valid, rewards, tau)

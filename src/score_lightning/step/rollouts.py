@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from score_lightning import protocol as P
 from score_lightning.harness.state import HarnessState
 from score_lightning.retrieval.base import RetrievalError, Retriever
-from score_lightning.roles.prompts import scoring_messages, solver_messages
+from score_lightning.roles.prompts import format_rubric, scoring_messages, solver_messages
 from score_lightning.roles.rubric import Rubric
 from score_lightning.rollout.agent import AgentConfig, run_agent
 from score_lightning.rollout.chat import encode_chat, truncate_text
 from score_lightning.rollout.engine import RolloutEngine
+from score_lightning.rollout.mams import MamsConfig, run_mams
 from score_lightning.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,8 @@ class RolloutSettings:
     scoring: AgentConfig
     max_report_tokens: int  # each report is cut to this many tokens inside the scoring prompt
     conclusion_line: bool = True  # ask the solver to end with "Conclusion: ..."
+    agent: str = "react"  # solver.agent: react (one ReAct loop) | mams (search / state / report roles)
+    mams: MamsConfig | None = None  # solver.mams.* budgets (solver.agent=mams)
 
     @classmethod
     def from_cfg(cls, cfg) -> "RolloutSettings":
@@ -49,8 +52,9 @@ class RolloutSettings:
             max_observation_tokens=int(s.max_observation_tokens), topk=int(s.topk),
             temperature=float(e.temperature), finish_tag=P.EVALS_CLOSE, allow_search=int(e.max_tool_calls) > 0,
         )
+        agent = str(s.get("agent", "react"))
         return cls(int(s.num_rollouts), int(s.max_prompt_tokens), solver, scoring, int(e.max_report_tokens),
-                   bool(s.get("conclusion_line", True)))
+                   bool(s.get("conclusion_line", True)), agent, MamsConfig.from_cfg(cfg) if agent == "mams" else None)
 
 
 def initial_evidence(retriever: Retriever, queries: Sequence[str], topk: int) -> tuple[list[list[str]], int]:
@@ -67,11 +71,16 @@ def initial_evidence(retriever: Retriever, queries: Sequence[str], topk: int) ->
         return [[] for _ in queries], 1
 
 
-def solver_rollouts(engine: RolloutEngine, tokenizer, retriever: Retriever, queries: Sequence[str], rubric: Rubric,
-                    state: HarnessState, settings: RolloutSettings) -> list[Trajectory]:
-    """K trajectories per query, conditioned on the step's rubric; query-major order."""
+def solver_rollouts(engine: RolloutEngine, tokenizer, retriever: Retriever, queries: Sequence[str],
+                    rubrics: Sequence[Rubric], state: HarnessState, settings: RolloutSettings) -> list[Trajectory]:
+    """K trajectories per query, each conditioned on its query's rubric; query-major order."""
+    if settings.agent == "mams":  # the same K-per-query layout, one segmented trajectory each
+        return run_mams(engine, tokenizer, [q for q in queries for _ in range(settings.num_rollouts)],
+                        [format_rubric(r, state) for r in rubrics for _ in range(settings.num_rollouts)], retriever,
+                        settings.mams, [{"query_index": i, "k": k} for i in range(len(queries))
+                                        for k in range(settings.num_rollouts)])
     prompts, metas = [], []
-    for qi, q in enumerate(queries):
+    for qi, (q, rubric) in enumerate(zip(queries, rubrics)):
         msgs = solver_messages(q, rubric, state, settings.solver.max_tool_calls, settings.conclusion_line)
         ids = encode_chat(tokenizer, msgs, settings.max_prompt_tokens)
         for k in range(settings.num_rollouts):
@@ -81,11 +90,11 @@ def solver_rollouts(engine: RolloutEngine, tokenizer, retriever: Retriever, quer
 
 
 def scoring_rollouts(engine: RolloutEngine, tokenizer, retriever: Retriever, queries: Sequence[str],
-                     reports: Sequence[Sequence[str | None]], rubric: Rubric, state: HarnessState,
+                     reports: Sequence[Sequence[str | None]], rubrics: Sequence[Rubric], state: HarnessState,
                      settings: RolloutSettings) -> list[Trajectory]:
-    """One scoring trajectory per query over its K reports (``None``: no report was written)."""
+    """One scoring trajectory per query over its K reports, under its rubric (``None``: no report written)."""
     prompts = []
-    for q, group in zip(queries, reports):
+    for q, group, rubric in zip(queries, reports, rubrics):
         shown = [truncate_text(tokenizer, r if r else "(no report)", settings.max_report_tokens) for r in group]
         prompts.append(encode_chat(tokenizer, scoring_messages(q, shown, rubric, state), settings.max_prompt_tokens))
     return run_agent(engine, tokenizer, prompts, retriever, settings.scoring)

@@ -11,15 +11,16 @@ def step_samples(ro: StepRollouts, rw: StepRewards, state: HarnessState, tokeniz
     """Markdown texts keyed by tag: ``samples/trajectory``, ``samples/rubric``, ``harness/state_snapshot``."""
     t = ro.solver[0]
     ev = ro.scoring[0].model_text(tokenizer) if ro.scoring else ""
-    rubric = ro.rubric
+    rubric = ro.rubrics.first
+    shown = rubric.to_xml() if not rubric.texts else "; ".join(f"{w:+.2f} {x}" for w, x in zip(rubric.weights, rubric.texts))
     out = {
         "samples/trajectory": (
-            f"**query**: {ro.queries[0]}\n\n**rubric** (valid={rubric.valid} {rubric.error}): "
-            f"`{rubric.rubric.to_xml()}`\n\n**report**:\n```\n{t.response_text(tokenizer)}\n```\n\n"
+            f"**query**: {ro.queries[0]}\n\n**rubric** (valid={ro.rubrics.valid} {ro.rubrics.error}): "
+            f"`{shown}`\n\n**report**:\n```\n{t.response_text(tokenizer)}\n```\n\n"
             f"**reward**: {float(rw.rewards[0]):.3f}\n\n**evaluation**:\n```\n{ev}\n```"
         ),
         "harness/state_snapshot": "```json\n" + state.to_json(include_pool=False) + "\n```",
     }
-    if rubric.response_ids is not None:
-        out["samples/rubric"] = "```\n" + tokenizer.decode(rubric.response_ids) + "\n```"
+    if ro.rubrics.samples:
+        out["samples/rubric"] = "```\n" + tokenizer.decode(ro.rubrics.samples[0][0].response_ids) + "\n```"
     return out

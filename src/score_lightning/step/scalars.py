@@ -68,6 +68,10 @@ class StepScalars:
         """The pooled R_s of the step so far (collective); NaN without reports."""
         return _value(self.reward)
 
+    def global_value(self, tag: str) -> float:
+        """The pooled value of a ``mean``/``max``/``sum`` tag so far (collective); NaN when never measured."""
+        return _value(self._metrics[tag])
+
     def global_consistency(self) -> float:
         """R_eval over every rank's queries with a consistency (collective); NaN when none had one."""
         return _value(self.consistency)

@@ -6,6 +6,10 @@ token mean (every micro-batch is divided by the token count of its whole mini-ba
 ranks, verl PR #906 / TRL #3021). ``optim.mini_batch_size`` counts queries of the *global* batch:
 each data-parallel rank takes its equal share, so one optimiser step sees the same queries on 1
 GPU as on 4 (the paper's 64 queries / 32 per mini-batch = 2 optimiser steps per epoch).
+
+Rows (:mod:`~score_lightning.step.solver_rows`): a ReAct trajectory is one row, a MaMs trajectory one
+row per role call, each with its trajectory's advantage; with step-level rewards the advantage is
+per token (``step_bonus``), which the clipped surrogate takes as ``[B, T]``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from score_lightning import distributed as D
 from score_lightning.batching import TokenBatch, build_token_batch, policy_logprobs
 from score_lightning.losses import group_advantages, grpo_token_loss
 from score_lightning.rollout.trajectory import Trajectory
+from score_lightning.step.solver_rows import TokenBonus, token_advantages, training_rows
 
 
 @dataclass(frozen=True)
@@ -75,11 +80,12 @@ class OptimizerHooks:
 class SolverUpdateResult:
     """Local sums (pooled over ranks by the caller) and per-row advantages."""
 
-    advantages: Tensor  # [N]
+    advantages: Tensor  # [N] per trajectory
     sums: dict[str, float] = field(default_factory=dict)  # pg, kl, clipfrac, entropy, loss, tokens
     grad_norms: list[float] = field(default_factory=list)
     updates: int = 0
-    trainer_logprobs: Tensor | None = None  # pre-update log-probs [N, L-1] (for the engine mismatch metric)
+    trainer_logprobs: Tensor | None = None  # pre-update log-probs [rows, L-1] (for the engine mismatch metric)
+    rows: list = field(default_factory=list)  # the trained rows (trajectories, or MaMs segments), as in trainer_logprobs
 
 
 def chunked_logprobs(model: nn.Module, batch: TokenBatch, temperature: float, micro: int, device) -> Tensor:
@@ -94,13 +100,20 @@ def chunked_logprobs(model: nn.Module, batch: TokenBatch, temperature: float, mi
 
 def solver_update(policy: nn.Module, ref: nn.Module | None, trajs: Sequence[Trajectory], rewards: Tensor,
                   settings: GRPOSettings, pad_id: int, hooks: OptimizerHooks,
-                  need_trainer_logprobs: bool = False) -> SolverUpdateResult:
-    """GRPO over this rank's trajectories (query-major, K per query). Collective under data parallelism."""
+                  need_trainer_logprobs: bool = False,
+                  step_bonus: Sequence[Sequence[TokenBonus]] | None = None) -> SolverUpdateResult:
+    """GRPO over this rank's trajectories (query-major, K per query). Collective under data parallelism.
+
+    ``step_bonus`` (one list per trajectory): per-token additions to the trajectory advantage.
+    """
     s = settings
     adv = group_advantages(rewards, s.num_rollouts, normalize_std=s.norm_adv_by_std, eps=s.adv_eps)
-    batch = build_token_batch([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
-                              [t.response_mask for t in trajs], pad_id)
-    mini_batches = s.mini_batches(len(trajs) // s.num_rollouts, D.world_size())
+    tr = training_rows(trajs)
+    batch = build_token_batch([t.prompt_ids for t in tr.rows], [t.response_ids for t in tr.rows],
+                              [t.response_mask for t in tr.rows], pad_id)
+    row_adv = adv[torch.as_tensor(tr.owner, dtype=torch.long)] if tr.rows else adv
+    tok_adv = token_advantages(batch, tr, adv, step_bonus) if step_bonus is not None else None
+    mini_batches = [tr.of(mb) for mb in s.mini_batches(len(trajs) // s.num_rollouts, D.world_size())]
     off_policy = s.ppo_epochs > 1 or len(mini_batches) > 1
     old_lp = ref_lp = None
     with torch.no_grad():
@@ -109,7 +122,7 @@ def solver_update(policy: nn.Module, ref: nn.Module | None, trajs: Sequence[Traj
         if s.kl_coef > 0 and ref is not None:
             ref_lp = chunked_logprobs(ref, batch, s.temperature, s.micro_batch_size, hooks.device)
     result = SolverUpdateResult(adv, {k: 0.0 for k in ("pg", "kl", "clipfrac", "entropy", "tokens", "loss")},
-                                trainer_logprobs=old_lp)
+                                trainer_logprobs=old_lp, rows=tr.rows)
     world = D.world_size()
     for _epoch in range(s.ppo_epochs):
         for rows in mini_batches:
@@ -123,8 +136,9 @@ def solver_update(policy: nn.Module, ref: nn.Module | None, trajs: Sequence[Traj
                 logp, ent = policy_logprobs(policy, sub, s.temperature, with_entropy=True, entropy_grad=s.entropy_coef > 0)
                 old = old_lp[idx, :width].to(hooks.device) if (old_lp is not None and off_policy) else logp.detach()
                 ref_rows = ref_lp[idx, :width].to(hooks.device) if ref_lp is not None else None
+                a = tok_adv[idx, :width] if tok_adv is not None else row_adv[idx]  # [B, T] with step rewards, else [B]
                 loss_sum, st = grpo_token_loss(
-                    logp, old, ref_rows, adv[idx].to(hooks.device), sub.loss_mask, clip_low=s.clip_low,
+                    logp, old, ref_rows, a.to(hooks.device), sub.loss_mask, clip_low=s.clip_low,
                     clip_high=s.clip_high, kl_coef=s.kl_coef, entropy_coef=s.entropy_coef, entropy=ent,
                     kl_clamp=s.kl_clamp,
                 )

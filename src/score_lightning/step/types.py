@@ -36,12 +36,38 @@ class RubricSample:
 
 
 @dataclass
+class StepRubric:
+    """The rubric of every query of this rank's batch, and the evaluator tokens REINFORCE trains.
+
+    ``samples`` pairs each generated rubric (its prompt and token ids) with the local query indices
+    whose evaluator reward it earns, or ``None`` for the whole global batch (SCORE's one rubric per
+    step). ``valid`` is false when some query fell back to the harness rubric (``fallback``).
+    """
+
+    per_query: list[Rubric]
+    samples: list[tuple[RubricSample, list[int] | None]] = field(default_factory=list)
+    valid: bool = True
+    error: str = ""
+    stats: dict[str, float] = field(default_factory=dict)
+    fallback: list[bool] = field(default_factory=list)
+
+    @property
+    def first(self) -> Rubric:
+        return self.per_query[0]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s, _ in self.samples)
+
+
+@dataclass
 class StepRollouts:
     """Everything one SCORE step generated on this rank, kept together for rewards and logging."""
 
     queries: list[str]
-    rubric: RubricSample
+    rubrics: StepRubric
     evidence: list[list[str]]  # D_q^0: top document ids per query
     evidence_errors: int
     solver: list[Trajectory]  # query-major: query i's K rollouts at i*K .. i*K+K-1
     scoring: list[Trajectory] = field(default_factory=list)  # one per query
+    query_ids: list[str] = field(default_factory=list)

@@ -1,0 +1,67 @@
+"""Scripted answers for the solver workflows' roles: MaMs search / state / report, and step judgements.
+
+Used by :class:`~score_lightning.rollout.scripted.ProtocolResponder` (``rollout=scripted``) so that
+``experiment=mams_tiny`` and ``experiment=arco_tiny`` run their steps with non-zero rewards. Like the
+rest of the script, every answer depends only on the request:
+
+* MaMs search: one search on the question's words, then ``<finish/>``;
+* MaMs state: the memory keeps its facts and adds one cited fact for the first ``[doc_id]`` of the chunk;
+* MaMs report: the scripted solver's report of quality ``k % 3`` (``k``: the rollout, which is the
+  position among identical prompts while the K rollouts' states agree), citing the memory's first id;
+* step judgement: relevance grows with the words the search shares with the question, novelty is
+  low for a repeated query.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from score_lightning.roles import mams_prompts as M
+from score_lightning.roles.step_judge import STEP_EVAL_CLOSE, STEP_EVAL_OPEN, STEP_RUBRIC_CLOSE, STEP_RUBRIC_OPEN
+from score_lightning.rollout.scripted import ScriptRequest, report_body
+
+_WORD_RE = re.compile(r"[A-Za-z_.]+")
+_ID_RE = re.compile(r"\[([^\]\s]+)\]")
+_LINE_ID_RE = re.compile(r"(?:^|\n)\[([^\]\s]+)\] ")
+
+
+def _words(query: str) -> str:
+    return " ".join(_WORD_RE.findall(query)[:4]) or "python"
+
+
+def mams_search(req: ScriptRequest) -> str:
+    m = re.search(r"Searches so far: (\d+) of", req.prompt)
+    if m is not None and int(m.group(1)) == 0:
+        return f"<think>search the corpus</think><search>{_words(req.query)}</search>"
+    return M.FINISH
+
+
+def mams_state(req: ScriptRequest) -> str:
+    memory = M.prompt_section(req.prompt, "Memory")
+    chunk = req.prompt.split("Results (chunk", 1)[-1]
+    ids = [i for i in _LINE_ID_RE.findall(chunk) if f"[{i}]" not in memory]
+    if ids:
+        memory = f"{memory} {_words(req.query)} is documented in [{ids[0]}].".strip()
+    memory = memory or "Nothing relevant yet."
+    return f"{M.MEMORY_OPEN}{memory}{M.MEMORY_CLOSE}{M.PLAN_OPEN}Write the report from memory.{M.PLAN_CLOSE}"
+
+
+def mams_report(req: ScriptRequest) -> str:
+    ids = _ID_RE.findall(M.prompt_section(req.prompt, "Memory"))
+    return f"{M.REPORT_OPEN}{report_body(_words(req.query), ids[0] if ids else None, req.index % 3)}{M.REPORT_CLOSE}"
+
+
+def step_judgement(req: ScriptRequest) -> str:
+    m = re.search(r"This search: (.*)", req.prompt)
+    search = m.group(1).strip() if m else ""
+    earlier = [x.split(". ", 1)[-1].strip() for x in M.prompt_section(req.prompt, "Earlier searches").splitlines()]
+    shared = {w.lower() for w in _WORD_RE.findall(search)} & {w.lower() for w in _WORD_RE.findall(req.query)}
+    relevance, novelty = min(10, 2 + 2 * len(shared)), (2 if search in earlier else 8)
+    return (f"{STEP_EVAL_OPEN}{STEP_RUBRIC_OPEN}A useful query names {_words(req.query)} precisely."
+            f'{STEP_RUBRIC_CLOSE}<step_score relevance="{relevance}" novelty="{novelty}"/>{STEP_EVAL_CLOSE}')
+
+
+WORKFLOW_ROLES: dict[str, Callable[[ScriptRequest], str]] = {
+    "mams_search": mams_search, "mams_state": mams_state, "mams_report": mams_report, "step": step_judgement,
+}

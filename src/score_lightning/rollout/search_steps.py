@@ -1,0 +1,70 @@
+"""The search steps of a solver trajectory: which tokens issued search j, and what it retrieved.
+
+Step-level rewards (``reward.step=rubric``) judge each search and put its advantage on the tokens
+that chose it. For a MaMs trajectory those are the search-role segment that issued the query (the
+rollout records it, with the retrieved ids). For a ReAct trajectory they are found after the fact,
+so the ReAct loop stays unchanged: a model turn is a maximal run of mask-1 tokens, a turn followed
+by an observation that parses as a search is step j (in order of ``search_queries``), and the ids
+it retrieved are the ``[doc_id]`` line heads of that observation (as ``format_observation`` writes
+them, so only passages visible within the observation budget count).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from score_lightning.rollout.agent import parse_search_action
+from score_lightning.rollout.trajectory import Trajectory
+
+_OBS_ID_RE = re.compile(r"(?:^|<observation>)\[([^\]\s]+)\] ", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class SearchStep:
+    """Search ``index`` of a trajectory: its query, the queries before it, what it retrieved, its tokens."""
+
+    index: int
+    query: str
+    earlier: tuple[str, ...]
+    doc_ids: tuple[str, ...]
+    row: int  # the trajectory's training row holding the tokens (0 for ReAct, the segment for MaMs)
+    start: int  # response token offsets of the step's turn in that row
+    end: int
+
+
+def search_steps(traj: Trajectory, tokenizer) -> list[SearchStep]:
+    """Every valid search of ``traj`` in order, aligned with ``traj.search_queries``."""
+    qs = traj.search_queries
+    if traj.segments:
+        out = []
+        for row, seg in enumerate(traj.segments):
+            if seg.step is not None and seg.step < len(qs):
+                ids = traj.step_doc_ids[seg.step] if seg.step < len(traj.step_doc_ids) else []
+                out.append(SearchStep(seg.step, qs[seg.step], tuple(qs[:seg.step]), tuple(ids), row, 0,
+                                      len(seg.response_ids)))
+        return out
+    runs = _runs(traj.response_mask)
+    out = []
+    for n, (start, end, value) in enumerate(runs):
+        if value != 1 or n + 1 >= len(runs) or len(out) >= len(qs):
+            continue
+        action = parse_search_action(tokenizer.decode(traj.response_ids[start:end]))
+        if action.kind != "search" or action.query != qs[len(out)]:
+            continue
+        o_start, o_end, _ = runs[n + 1]
+        ids = tuple(dict.fromkeys(_OBS_ID_RE.findall(tokenizer.decode(traj.response_ids[o_start:o_end]))))
+        j = len(out)
+        out.append(SearchStep(j, qs[j], tuple(qs[:j]), ids, 0, start, end))
+    return out
+
+
+def _runs(mask: list[int]) -> list[tuple[int, int, int]]:
+    """Maximal runs of equal mask values as (start, end, value)."""
+    out: list[tuple[int, int, int]] = []
+    start = 0
+    for i in range(1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[start]:
+            out.append((start, i, mask[start]))
+            start = i
+    return out

@@ -1,0 +1,44 @@
+"""The rubric-source interface and what it hands to a step."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from score_lightning.harness.scheduler import DimensionScheduler
+from score_lightning.harness.state import HarnessState
+from score_lightning.retrieval.base import Retriever
+from score_lightning.rollout.engine import RolloutEngine
+from score_lightning.step.types import StepRubric
+
+
+@dataclass
+class RubricContext:
+    """What a rubric source may use to build or update rubrics (rank-local)."""
+
+    engine: RolloutEngine  # the evaluator role's engine
+    tokenizer: Any
+    retriever: Retriever
+    state: HarnessState
+    scheduler: DimensionScheduler
+    max_prompt_tokens: int
+    temperature: float
+
+
+class RubricSource(Protocol):
+    """Builds each step's rubrics; may learn from the step's scores (``observe``); checkpointed."""
+
+    #: the evaluator's rubric tokens are trained by REINFORCE (false: the rubrics are fixed)
+    trains_evaluator: bool
+
+    def step_rubrics(self, ctx: RubricContext, queries: Sequence[str], query_ids: Sequence[str],
+                     evidence: Sequence[Sequence[str]]) -> StepRubric: ...
+
+    def observe(self, ctx: RubricContext, queries: Sequence[str], query_ids: Sequence[str],
+                item_scores: Sequence[Any], reports: Sequence[Sequence[str | None]],
+                rewards: Sequence[Sequence[float]]) -> dict[str, float]: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...

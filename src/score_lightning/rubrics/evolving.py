@@ -1,0 +1,186 @@
+"""``rubric=evolving``: RLER's evolving rubrics (DR Tulu) as a rubric source.
+
+A per-query buffer of natural-language items, each with a weight and a sign:
+
+* **initialisation**, the first time a query is seen: the writer reads what a search of the corpus
+  returns for the query (its top passages) and writes ``init_items`` items;
+* **evolution**, on every later visit: the writer contrasts the best and the worst report of the
+  query's previous rollouts under the current items and adds ``new_items`` items;
+* **pruning**, after each scoring: items whose scores did not vary across the K rollouts (std 0)
+  are dropped, and the buffer keeps the ``max_items`` (K_max) items with the largest score std.
+
+The writer is the evaluator role (its item tokens are trained by REINFORCE on the evaluator reward
+of its query) or an external OpenAI-compatible model (``writer=external``; nothing to train).
+Simplified from DR Tulu: new items are scored from the step they are written in and pruned with
+the others after that step's scoring; the buffer is saved in checkpoints and resumes exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from score_lightning.roles.rubric import fallback_rubric, rubric_token_span
+from score_lightning.rollout.agent import TagStops
+from score_lightning.rollout.chat import encode_chat
+from score_lightning.rollout.engine import SamplingParams
+from score_lightning.rubrics.base import RubricContext
+from score_lightning.step.types import StepRubric
+from score_lightning.rubrics.items import (
+    ITEMS_CLOSE, Item, contrast_messages, init_messages, items_rubric, parse_items,
+)
+from score_lightning.step.types import RubricSample
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Entry:
+    items: list[Item] = field(default_factory=list)
+    best: str = ""
+    worst: str = ""
+
+
+@dataclass
+class EvolvingRubrics:
+    max_items: int = 5  # K_max
+    init_items: int = 4
+    new_items: int = 2
+    max_tokens: int = 256  # item-writing generation budget
+    passages: int = 3  # search results shown to the writer at initialisation
+    max_report_chars: int = 1200  # best / worst report excerpts in the contrast prompt
+    writer: str = "evaluator"  # evaluator | external
+    external: dict | None = None  # ChatClient settings (base_url, model, api_key_env, ...) for writer=external
+    buffer: dict[str, _Entry] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.writer not in ("evaluator", "external"):
+            raise ValueError(f"rubric.writer={self.writer!r}: allowed 'evaluator' or 'external'")
+        self._client = None
+        if self.writer == "external":
+            import os
+
+            from score_lightning.harness.chat import ChatClient
+
+            ext = dict(self.external or {})
+            key_env = ext.pop("api_key_env", "OPENAI_API_KEY")
+            self._client = ChatClient(api_key=os.environ.get(key_env) if key_env else None, **ext)
+
+    @property
+    def trains_evaluator(self) -> bool:
+        return self.writer == "evaluator"
+
+    # ------------------------------------------------------------------ before the rollouts
+    def step_rubrics(self, ctx: RubricContext, queries: Sequence[str], query_ids: Sequence[str],
+                     evidence: Sequence[Sequence[str]]) -> StepRubric:
+        prompts, owners = [], []
+        for qi, (q, qid) in enumerate(zip(queries, query_ids)):
+            entry = self.buffer.get(str(qid))
+            if entry is None:
+                hits = ctx.retriever.search([q], self.passages)[0] if self.passages else []
+                prompts.append(init_messages(q, [f"[{h.id}] {h.text[:300]}" for h in hits], self.init_items))
+            elif entry.best and entry.worst:
+                prompts.append(contrast_messages(q, entry.items, entry.best, entry.worst, self.new_items))
+            else:
+                continue
+            owners.append(qi)
+        texts, records = self._write(ctx, prompts)
+        added, failed, samples = 0, 0, []
+        for qi, text, record in zip(owners, texts, records):
+            entry = self.buffer.setdefault(str(query_ids[qi]), _Entry())
+            parsed = parse_items(text)
+            known = {it.text for it in entry.items}
+            fresh = [it for it in parsed.items if it.text not in known]
+            entry.items.extend(fresh)
+            added += len(fresh)
+            failed += int(not parsed.items)
+            if record is not None:  # the evaluator wrote it: REINFORCE trains these tokens
+                prompt, resp, mask, cut = record
+                rubric = items_rubric(parsed.items) if parsed.items else fallback_rubric(ctx.state)
+                samples.append(RubricSample(rubric, bool(parsed.items), parsed.error, prompt, resp, mask, cut))
+            else:
+                samples.append(None)
+        out_samples = [(s, [qi]) for qi, s in zip(owners, samples) if s is not None]
+        per_query, fallback = [], []
+        for qid in query_ids:
+            entry = self.buffer.get(str(qid))
+            if entry is None or not entry.items:
+                per_query.append(fallback_rubric(ctx.state))  # no item yet: the harness rubric, counted
+                fallback.append(True)
+            else:
+                per_query.append(items_rubric(entry.items))
+                fallback.append(False)
+        stats = {"rubric/items_added": float(added), "rubric/write_fail_rate": failed / max(len(owners), 1)}
+        return StepRubric(per_query, out_samples, not any(fallback), "no rubric items" if any(fallback) else "",
+                          stats, fallback)
+
+    def _write(self, ctx: RubricContext, prompts: list[list[dict]]) -> tuple[list[str], list[tuple | None]]:
+        """Item texts from the writer, with the evaluator's (prompt ids, response ids, train mask, truncated).
+
+        The engine is called even with no prompt: a collective engine (FSDP) needs every rank.
+        """
+        if self._client is not None:
+            outcomes = [self._client.ask(m, _checked_items) for m in prompts]
+            return [o.value if o.ok else "" for o in outcomes], [None] * len(prompts)
+        ids = [encode_chat(ctx.tokenizer, m, ctx.max_prompt_tokens) for m in prompts]
+        stops = TagStops(ctx.tokenizer, [ITEMS_CLOSE])
+        gens = ctx.engine.generate(ids, SamplingParams(self.max_tokens, ctx.temperature, stop_token_ids=stops.token_ids,
+                                                       stop_strings=stops.strings))
+        texts, records = [], []
+        for prompt, gen in zip(ids, gens):
+            resp = list(gen.token_ids)
+            span = rubric_token_span(resp, ctx.tokenizer.decode, ITEMS_CLOSE)
+            end = span[1] if span else len(resp)
+            texts.append(ctx.tokenizer.decode(resp))
+            records.append((prompt, resp, [1] * end + [0] * (len(resp) - end), gen.finish_reason == "length"))
+        return texts, records
+
+    # ------------------------------------------------------------------ after the scoring
+    def observe(self, ctx: RubricContext, queries: Sequence[str], query_ids: Sequence[str],
+                item_scores: Sequence[Any], reports: Sequence[Sequence[str | None]],
+                rewards: Sequence[Sequence[float]]) -> dict[str, float]:
+        """Prune by score spread and keep the best / worst reports for the next visit's contrast."""
+        removed, stds = 0, []
+        for qid, scores, group, r in zip(query_ids, item_scores, reports, rewards):
+            entry = self.buffer.get(str(qid))
+            if entry is None or not entry.items or scores is None or scores.shape[1] != len(entry.items):
+                continue
+            spread = score_spread(scores)
+            ranked = sorted((j for j in range(len(entry.items)) if spread[j] > 0), key=lambda j: -spread[j])
+            keep = sorted(ranked[: self.max_items])
+            removed += len(entry.items) - len(keep)
+            stds.extend(spread[j] for j in keep)
+            entry.items = [entry.items[j] for j in keep]
+            order = sorted(range(len(r)), key=lambda k: r[k])
+            best, worst = group[order[-1]], group[order[0]]
+            if best and worst and r[order[-1]] > r[order[0]]:
+                entry.best, entry.worst = best[: self.max_report_chars], worst[: self.max_report_chars]
+        sizes = [len(self.buffer[str(q)].items) for q in query_ids if str(q) in self.buffer]
+        return {"rubric/items_removed": float(removed), "rubric/buffer_size": sum(sizes) / max(len(sizes), 1),
+                "rubric/item_std_mean": sum(stds) / len(stds) if stds else math.nan}
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        return {qid: {"items": [[it.text, it.weight, it.negative] for it in e.items], "best": e.best, "worst": e.worst}
+                for qid, e in self.buffer.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.buffer = {qid: _Entry([Item(t, float(w), bool(n)) for t, w, n in e["items"]], e.get("best", ""),
+                                   e.get("worst", "")) for qid, e in state.items()}
+
+
+def _checked_items(text: str) -> str:
+    """An external writer's reply must hold at least one item (else it is re-asked)."""
+    if not parse_items(text).items:
+        raise ValueError(parse_items(text).error)
+    return text
+
+
+def score_spread(scores: torch.Tensor) -> list[float]:
+    """Population std of each item's scores over the K reports (the pruning key)."""
+    return scores.float().std(dim=0, unbiased=False).tolist()

@@ -1,0 +1,84 @@
+"""Cold-start demonstrations for the solver workflows, added only when the run uses them.
+
+``solver.agent=mams`` adds MaMs runs (:mod:`~score_lightning.sft.mams_demos`) and ``reward.step=rubric``
+adds step judgements (:mod:`~score_lightning.sft.step_demos`). The default cold start (ReAct, no step
+rewards) is untouched: no demo, seed stream or cache-key input changes for it, so its cached
+checkpoint stays valid. A workflow run's cache key gains :func:`workflow_key_inputs` (the workflow,
+its budgets, the counts and :data:`WORKFLOW_DEMO_VERSION`), so it never reuses the default cold start.
+
+Counts come from ``sft.workflow_demos`` (``mams``, ``mams_per_prompt``, ``step``, ``step_per_prompt``),
+set by ``experiment=mams_tiny`` / ``experiment=arco_tiny``; absent keys take the defaults below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from omegaconf import OmegaConf
+
+from score_lightning.rollout.mams import MamsConfig
+from score_lightning.sft.demo_types import Demo
+from score_lightning.sft.mams_demos import mams_group
+from score_lightning.sft.step_demos import STEP, step_group
+
+#: Bump whenever the workflow demonstrations change (only workflow runs' caches are rebuilt).
+WORKFLOW_DEMO_VERSION = 1
+MAMS_KINDS = ("mams_search", "mams_state", "mams_report")
+_DEFAULTS = {"mams": 240, "mams_per_prompt": 2, "step": 480, "step_per_prompt": 4}
+
+
+@dataclass(frozen=True)
+class ExtraKind:
+    """A demo kind registered beside the three default ones: about ``n`` demos, ``per_prompt`` responses
+    per prompt, built by ``group(ctx, rng, query, per_prompt)``."""
+
+    kind: str
+    n: int
+    per_prompt: int
+    group: Callable[..., list[Demo]]
+
+
+@dataclass(frozen=True)
+class WorkflowDemoSpec:
+    """Which workflow demos to build and how many (``None`` from :meth:`from_cfg`: none)."""
+
+    mams: MamsConfig | None = None
+    num_mams: int = 0  # MaMs runs (each gives one demo per role call)
+    mams_per_prompt: int = 2  # runs per query and rubric (their first search prompt is shared)
+    num_step: int = 0  # step judgements
+    step_per_prompt: int = 4  # judgements per step prompt
+    step_max_tokens: int = 96
+
+    @classmethod
+    def from_cfg(cls, cfg) -> "WorkflowDemoSpec | None":
+        mams = str(OmegaConf.select(cfg, "solver.agent", default="react")) == "mams"
+        step = str(OmegaConf.select(cfg, "reward.step", default="none")) == "rubric"
+        if not (mams or step):
+            return None
+        n = {**_DEFAULTS, **(OmegaConf.to_container(cfg.sft.workflow_demos, resolve=True)
+                             if OmegaConf.select(cfg, "sft.workflow_demos") else {})}
+        return cls(MamsConfig.from_cfg(cfg) if mams else None, int(n["mams"]) if mams else 0, int(n["mams_per_prompt"]),
+                   int(n["step"]) if step else 0, int(n["step_per_prompt"]),
+                   int(OmegaConf.select(cfg, "reward.step_max_tokens", default=96)))
+
+
+def workflow_key_inputs(cfg) -> dict:
+    """Extra SFT cache-key inputs of a workflow run; ``{}`` for the default (ReAct, no step rewards)."""
+    spec = WorkflowDemoSpec.from_cfg(cfg)
+    return {} if spec is None else {"workflow_demos": {**asdict(spec), "version": WORKFLOW_DEMO_VERSION}}
+
+
+def workflow_kinds(spec: WorkflowDemoSpec | None) -> list[ExtraKind]:
+    """The workflow demo kinds to register with :meth:`~score_lightning.sft.demos.DemoBuilder.build`."""
+    if spec is None:
+        return []
+    kinds = []
+    if spec.num_mams > 0 and spec.mams is not None:
+        mams = spec.mams
+        kinds.append(ExtraKind("mams", spec.num_mams, spec.mams_per_prompt,
+                               lambda ctx, rng, query, n: mams_group(ctx, rng, query, n, mams)))
+    if spec.num_step > 0:
+        kinds.append(ExtraKind(STEP, spec.num_step, spec.step_per_prompt,
+                               lambda ctx, rng, query, n: step_group(ctx, rng, query, n, spec.step_max_tokens)))
+    return kinds

@@ -1,0 +1,205 @@
+"""Step-level rewards (``reward.step=rubric``, ARCO-style): the evaluator judges every search step.
+
+For each search step j of each solver trajectory (:mod:`score_lightning.rollout.search_steps`), the
+evaluator role writes a short rubric (what a useful next query would achieve here, given the question
+and the earlier searches) and scores the step against it (:mod:`score_lightning.roles.step_judge`).
+
+**Step score** (in [0, 1]): s_j = (relevance/10 + novelty/10 + cited_j) / 3, where relevance and
+novelty are the evaluator's integers and cited_j = 1 when a document the step retrieved is cited
+in the trajectory's final report (checked by the trainer). An invalid judgement has no score.
+
+**Step advantage**: Â_j = (s_j − mean_g) / (std_g + ε) over every scored step of the query's K
+trajectories (group g; unbiased std, as GRPO's); 0 when the group has fewer than two scores, when
+they are all equal, or for an unscored step. The tokens of the turn that issued search j get
+A_token = A_traj + λ·Â_j (λ = ``reward.step_lambda``); every other token keeps A_traj.
+
+**Step-rubric reward** (the rubric writer co-evolves): per query, the Pearson correlation over its
+trajectories between a trajectory's mean step score and its final reward R_s (undefined with fewer
+than two scored trajectories or a constant side). Every valid judgement of the query earns it; an
+invalid one earns ``reward.step_invalid_reward``. Centred by its own EMA baseline (β =
+``evaluator.ema_beta``, pooled over ranks), the judgement tokens (up to ``</step_eval>``) join the
+evaluator's one REINFORCE update of the step, weighted so that its loss is the mean over rubric
+samples plus the mean over step judgements.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from score_lightning.rewards.functions import EMABaseline
+from score_lightning.roles.step_judge import STEP_EVAL_CLOSE, judgement_train_mask, parse_step_judgement, step_messages
+from score_lightning.rollout.chat import encode_chat
+from score_lightning.rollout.engine import RolloutEngine, SamplingParams, is_collective
+from score_lightning.rollout.search_steps import search_steps
+from score_lightning.rollout.stops import TagStops
+from score_lightning.step.evaluator_phase import centre
+from score_lightning.step.scalars import StepScalars
+from score_lightning.step.solver_rows import TokenBonus
+
+STEP_MODES = ("none", "rubric")
+
+
+@dataclass(frozen=True)
+class StepRewardSettings:
+    """``reward.step*`` (and the evaluator's sampling settings the judgements use)."""
+
+    mode: str = "none"
+    lam: float = 0.5
+    max_tokens: int = 96
+    invalid_reward: float = -1.0
+    temperature: float = 0.8
+    max_prompt_tokens: int = 1024
+    eps: float = 1e-6
+
+    @classmethod
+    def from_cfg(cls, cfg) -> "StepRewardSettings":
+        r = cfg.reward
+        return cls(str(r.get("step", "none")), float(r.get("step_lambda", 0.5)), int(r.get("step_max_tokens", 96)),
+                   float(r.get("step_invalid_reward", -1.0)), float(cfg.evaluator.temperature),
+                   int(cfg.solver.max_prompt_tokens), float(cfg.loss.adv_eps))
+
+
+@dataclass
+class StepSample:
+    """One step judgement's tokens, trained by REINFORCE like a rubric sample (same three fields)."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    train_mask: list[int]
+    valid: bool
+    trajectory: int
+    step: int
+
+
+@dataclass
+class StepJudgement:
+    """A step's judgements on this rank; ``bonus is None`` when step rewards are off."""
+
+    bonus: list[list[TokenBonus]] | None = None
+    scores: list[list[float | None]] = field(default_factory=list)  # per trajectory, per step
+    step_advantages: list[list[float]] = field(default_factory=list)  # Â_j per trajectory, per step
+    agreement: list[float | None] = field(default_factory=list)  # per query
+    samples: list[StepSample] = field(default_factory=list)
+    rewards: list[float | None] = field(default_factory=list)  # per sample
+    advantages: list[float] = field(default_factory=list)  # per sample with a reward, EMA-centred
+    has_signal: bool = False  # some rank has a step-rubric reward (the same on every rank)
+
+    def fold(self, trained: list, advantages: list[float], main_ok: bool) -> tuple[list | None, list[float]]:
+        """The evaluator's samples and advantages for its one update (``None``: no update on any rank).
+
+        ``trained``/``advantages`` are the rubric samples with a reward; ``main_ok`` (the same on every
+        rank) says whether they train. Step judgements join them; each part's advantages are scaled
+        so that REINFORCE's mean over all rows equals mean(rubric part) + mean(step part).
+        """
+        if self.bonus is None:
+            return (trained if main_ok else None), advantages
+        if not main_ok and not self.has_signal:
+            return None, []
+        main, main_adv = (list(trained), list(advantages)) if main_ok else ([], [])
+        steps = [s for s, r in zip(self.samples, self.rewards) if r is not None]
+        total = len(main) + len(steps)
+        scale_m, scale_s = (total / len(main) if main else 1.0), (total / len(steps) if steps else 1.0)
+        return main + steps, [a * scale_m for a in main_adv] + [a * scale_s for a in self.advantages]
+
+
+class StepRewardStage:
+    """Judges the step's search steps, turns them into token bonuses, and keeps the step-rubric baseline."""
+
+    def __init__(self, settings: StepRewardSettings, ema_beta: float):
+        if settings.mode not in STEP_MODES:
+            raise ValueError(f"reward.step={settings.mode!r}: allowed {STEP_MODES}")
+        self.settings = settings
+        self.baseline = EMABaseline(ema_beta)
+
+    @classmethod
+    def from_cfg(cls, cfg) -> "StepRewardStage":
+        return cls(StepRewardSettings.from_cfg(cfg), float(cfg.evaluator.ema_beta))
+
+    def judge(self, engine: RolloutEngine, tokenizer, ro, rw, sc: StepScalars) -> StepJudgement:
+        """Judge every search step of ``ro.solver`` (collective when on: generation lockstep, pooled baseline)."""
+        s = self.settings
+        if s.mode == "none":
+            return StepJudgement()
+        k = len(ro.solver) // max(1, len(ro.queries))
+        steps = [search_steps(t, tokenizer) for t in ro.solver]
+        where = [(i, st) for i, ss in enumerate(steps) for st in ss]
+        prompts = [encode_chat(tokenizer, step_messages(ro.queries[i // k], st.earlier, st.query, st.doc_ids),
+                               s.max_prompt_tokens) for i, st in where]
+        gens = self._generate(engine, tokenizer, prompts)
+        out = StepJudgement(bonus=[[] for _ in steps], scores=[[None] * len(ss) for ss in steps])
+        for (i, st), prompt, gen in zip(where, prompts, gens):
+            ids = list(gen.token_ids)
+            parsed = parse_step_judgement(tokenizer.decode(ids))
+            cited = float(any(d in rw.answers[i].cited_ids for d in st.doc_ids))
+            out.scores[i][st.index] = None if parsed.judged is None else (2.0 * parsed.judged + cited) / 3.0
+            out.samples.append(StepSample(prompt, ids, judgement_train_mask(tokenizer, ids), parsed.valid, i, st.index))
+        out.step_advantages = group_step_advantages(out.scores, k, s.eps)
+        for i, ss in enumerate(steps):
+            out.bonus[i] = [TokenBonus(st.row, st.start, st.end, s.lam * out.step_advantages[i][st.index]) for st in ss]
+        out.agreement = [agreement(out.scores[g:g + k], rw.rewards[g:g + k].tolist()) for g in range(0, len(steps), k)]
+        out.rewards = [(out.agreement[x.trajectory // k] if x.valid else s.invalid_reward) for x in out.samples]
+        out.advantages, mean, _ = centre(out.rewards, self.baseline)
+        out.has_signal = mean is not None
+        self._record(sc, out, mean)
+        return out
+
+    def _generate(self, engine: RolloutEngine, tokenizer, prompts: list[list[int]]) -> list:
+        """One generate call for every judgement (a collective engine is joined even with none)."""
+        stops = TagStops(tokenizer, [STEP_EVAL_CLOSE])
+        if not prompts:
+            if is_collective(engine):
+                engine.generate([], SamplingParams(max_new_tokens=1, stop_token_ids=stops.token_ids))
+            return []
+        return engine.generate(prompts, SamplingParams(self.settings.max_tokens, self.settings.temperature,
+                                                       stop_token_ids=stops.token_ids, stop_strings=stops.strings))
+
+    def _record(self, sc: StepScalars, out: StepJudgement, mean: float | None) -> None:
+        """Pooled over ranks (every rank calls this, in this order, whenever step rewards are on)."""
+        flat = [v for row in out.scores for v in row]
+        valid = [v for v in flat if v is not None]
+        bonus = [abs(b.value) for row in (out.bonus or []) for b in row]
+        defined = [a for a in out.agreement if a is not None]
+        sc.mean("solver/step_reward_mean", sum(valid), len(valid))
+        sc.mean("solver/step_adv_abs_mean", sum(bonus), len(bonus))
+        sc.mean("evaluator/step_rubric_valid_rate", float(len(valid)), len(flat))
+        sc.mean("evaluator/step_agreement", sum(defined), len(defined))
+        sc.mean("evaluator/step_rubric_reward", mean if mean is not None else 0.0, 1.0 if mean is not None else 0.0)
+        sc.mean("evaluator/step_baseline", self.baseline.value, 1.0)
+
+    def state_dict(self) -> dict:
+        """Splatted into the checkpoint's ``score`` section."""
+        return {"step_baseline": self.baseline.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("step_baseline") is not None:
+            self.baseline.load_state_dict(state["step_baseline"])
+
+
+def group_step_advantages(scores: Sequence[Sequence[float | None]], k: int, eps: float = 1e-6) -> list[list[float]]:
+    """Â_j: each scored step normalised over its query's scored steps (unbiased std); 0 where undefined."""
+    out: list[list[float]] = []
+    for g in range(0, len(scores), k):
+        group = scores[g:g + k]
+        vals = [v for row in group for v in row if v is not None]
+        mean = sum(vals) / len(vals) if vals else 0.0
+        std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+        flat = len(vals) < 2 or max(vals) == min(vals)
+        out.extend([0.0 if (v is None or flat) else (v - mean) / (std + eps) for v in row] for row in group)
+    return out
+
+
+def agreement(scores: Sequence[Sequence[float | None]], rewards: Sequence[float]) -> float | None:
+    """Pearson correlation between each trajectory's mean step score and its final reward; ``None`` if undefined."""
+    pairs = [(sum(v for v in row if v is not None) / n, float(r))
+             for row, r in zip(scores, rewards) if (n := sum(v is not None for v in row))]
+    if len(pairs) < 2:
+        return None
+    xs, ys = zip(*pairs)
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    cov = sum((x - mx) * (y - my) for x, y in pairs)
+    vx, vy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
+    if vx <= 1e-12 or vy <= 1e-12:
+        return None
+    return cov / math.sqrt(vx * vy)

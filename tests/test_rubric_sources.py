@@ -1,0 +1,198 @@
+"""Rubric sources (score, evolving/RLER, given) and evaluator rewards, against hand computations."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from helpers import FAST, ROOT, compose, read_scalars
+from score_lightning.harness.scheduler import DimensionScheduler
+from score_lightning.harness.state import HarnessState
+from score_lightning.retrieval.base import SearchHit
+from score_lightning.roles.rubric import Rubric
+from score_lightning.rollout.scripted import ProtocolResponder, ScriptedEngine
+from score_lightning.rubrics.base import RubricContext
+from score_lightning.rubrics.evolving import EvolvingRubrics
+from score_lightning.rubrics.given import load_given_rubrics
+from score_lightning.rubrics.items import Item, items_rubric, parse_items
+from score_lightning.rubrics.preference import PreferenceReward
+
+
+class OneHit:
+    def search(self, queries, topk):
+        return [[SearchHit("doc.a", '"doc.a"\npassage about a', 1.0)] for _ in queries]
+
+
+def _ctx(tokenizer) -> RubricContext:
+    state = HarnessState()
+    return RubricContext(ScriptedEngine(tokenizer, ProtocolResponder()), tokenizer, OneHit(), state,
+                         DimensionScheduler(list(state.dimension_pool)), 1024, 0.8)
+
+
+# ----------------------------------------------------------------------------- items
+def test_items_parse_and_rubric_weights_by_hand():
+    p = parse_items('x<rubric_items><item weight="2">cites docs</item><item weight="1" sign="-">invents</item>'
+                    '<item weight="0">ignored</item><item>no weight</item><item weight="1">names it</item></rubric_items>')
+    assert [(i.text, i.weight, i.negative) for i in p.items] == [("cites docs", 2.0, False), ("invents", 1.0, True),
+                                                                ("names it", 1.0, False)]
+    r = items_rubric(p.items)  # weights over the positive total 3: 2/3, -1/3, 1/3
+    assert r.dims == ("i1", "i2", "i3") and r.weights == pytest.approx((2 / 3, -1 / 3, 1 / 3))
+    assert parse_items("<rubric_items></rubric_items>").error and parse_items("no block").error
+
+
+# ----------------------------------------------------------------------------- RLER buffer
+def test_rler_init_contrast_prune_and_exact_resume(tokenizer):
+    ctx = _ctx(tokenizer)
+    src = EvolvingRubrics(max_items=2, init_items=3, new_items=2)
+    step = src.step_rubrics(ctx, ["how does json.dumps work?"], ["q1"], [["doc.a"]])
+    assert len(src.buffer["q1"].items) == 3 and step.per_query[0].dims == ("i1", "i2", "i3")
+    assert len(step.samples) == 1 and step.samples[0][1] == [0] and step.samples[0][0].valid  # the writer's tokens
+    # scores of 3 reports on the 3 items: item 2 never varies (std 0 -> dropped); K_max = 2 keeps the widest
+    scores = torch.tensor([[0.9, 0.5, 0.1], [0.1, 0.5, 0.3], [0.5, 0.5, 0.2]])
+    stats = src.observe(ctx, ["q"], ["q1"], [scores], [["best report", "worst report", "mid"]], [[2.0, 0.5, 1.0]])
+    kept = [it.text for it in src.buffer["q1"].items]
+    assert kept == [step.per_query[0].texts[0], step.per_query[0].texts[2]]  # std 0.327 and 0.082; 0.0 dropped
+    assert stats["rubric/items_removed"] == 1.0 and stats["rubric/buffer_size"] == 2.0
+    assert stats["rubric/item_std_mean"] == pytest.approx((scores[:, 0].std(unbiased=False) +
+                                                            scores[:, 2].std(unbiased=False)).item() / 2)
+    assert src.buffer["q1"].best == "best report" and src.buffer["q1"].worst == "worst report"
+    # next visit: the writer contrasts best and worst and adds new items
+    step2 = src.step_rubrics(ctx, ["how does json.dumps work?"], ["q1"], [["doc.a"]])
+    assert len(src.buffer["q1"].items) == 4 and step2.stats["rubric/items_added"] == 2.0
+    assert any(w < 0 for w in step2.per_query[0].weights)  # the "penalise this" item of the contrast
+    # exact resume
+    copy = EvolvingRubrics(max_items=2)
+    copy.load_state_dict(json.loads(json.dumps(src.state_dict())))
+    assert copy.buffer["q1"].items == src.buffer["q1"].items and copy.buffer["q1"].best == "best report"
+
+
+# ----------------------------------------------------------------------------- given rubrics
+def _write(path, rows) -> str:
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
+    return str(path)
+
+
+def test_drb_criteria_weights_normalised_per_and_across_dimensions(tmp_path):
+    f = _write(tmp_path / "c.jsonl", [{"id": 7, "prompt": "q", "dimension_weight": {"comp": 3, "ins": 1},
+                                       "criterions": {"comp": [{"criterion": "a", "explanation": "", "weight": 1},
+                                                               {"criterion": "b", "explanation": "", "weight": 3}],
+                                                      "ins": [{"criterion": "c", "explanation": "why", "weight": 5}]}}])
+    r = load_given_rubrics(f)["7"]
+    # comp: 3/4 of the total, split 1:3 -> 3/16, 9/16; ins: 1/4 -> 1/4
+    assert r.weights == pytest.approx((3 / 16, 9 / 16, 1 / 4)) and sum(r.weights) == pytest.approx(1.0)
+    assert r.texts == ("[comp] a", "[comp] b", "[ins] c")
+
+
+def test_binary_checklist_scoring(tmp_path):
+    from score_lightning.step.reward_assembly import rubric_part
+
+    f = _write(tmp_path / "b.jsonl", [{"id": "q1", "rubrics": [{"text": "cites", "weight": 3, "type": "binary"},
+                                                                {"text": "concludes", "weight": 1, "type": "binary"}]}])
+    r = load_given_rubrics(f)["q1"]
+    assert r.binary and r.weights == pytest.approx((0.75, 0.25))
+    assert rubric_part(torch.tensor([[0.8, 0.3], [0.4, 1.0]]), r).tolist() == pytest.approx([0.75, 0.25])
+
+
+@pytest.mark.parametrize("line, message", [
+    ("{not json", "invalid JSON"),
+    ('{"id": 1, "rubrics": []}', '"rubrics" must be a non-empty list'),
+    ('{"id": 1, "rubrics": [{"text": "x", "weight": -1}]}', "weight must be a positive number"),
+    ('{"id": 1, "dimension_weight": {"a": 1}, "criterions": {}}', "has no list for dimension 'a'"),
+    ('{"id": 1, "other": 2}', "neither a DRB criteria line"),
+])
+def test_malformed_rubric_files_are_refused_with_file_and_line(tmp_path, line, message):
+    from score_lightning.config_validation import ConfigError, validate_config
+
+    f = _write(tmp_path / "bad.jsonl", ['{"id": 0, "rubrics": [{"text": "fine", "weight": 1}]}', line])
+    with pytest.raises(ConfigError) as err:
+        validate_config(compose(FAST + ["rubric=given", f"rubric.path={f}"]))
+    assert f"{f}:2: " in str(err.value) and message in str(err.value)
+
+
+def test_malformed_preferences_are_refused_with_file_and_line(tmp_path):
+    from score_lightning.config_validation import ConfigError, validate_config
+
+    f = _write(tmp_path / "p.jsonl", ['{"id": 1, "prompt": "q", "chosen": "a", "rejected": "b"}',
+                                      '{"id": 2, "prompt": "q", "chosen": ""}'])
+    with pytest.raises(ConfigError, match=f"{f}:2: .*chosen"):
+        validate_config(compose(FAST + ["evaluator.reward=preference", f"evaluator.preferences_path={f}"]))
+
+
+def test_query_without_a_given_rubric_uses_the_fallback_and_is_counted(tmp_path, tokenizer):
+    from score_lightning.rubrics.given import GivenRubrics
+
+    f = _write(tmp_path / "b.jsonl", [{"id": "q1", "rubrics": [{"text": "cites", "weight": 1}]}])
+    step = GivenRubrics(f).step_rubrics(_ctx(tokenizer), ["a", "b"], ["q1", "q9"], [[], []])
+    assert step.per_query[0].texts == ("cites",) and step.fallback == [False, True]
+    assert step.per_query[1].dims == step.per_query[1].dims and not step.per_query[1].texts  # harness fallback
+    assert step.stats["rubric/missing_rate"] == 0.5
+
+
+# ----------------------------------------------------------------------------- preference reward
+def test_preference_agreement_on_fixed_scores(tmp_path):
+    f = _write(tmp_path / "p.jsonl", [{"id": i, "prompt": f"q{i}", "chosen": "good", "rejected": "bad"}
+                                      for i in range(3)])
+    rubric = Rubric(("factual_support", "insight"), (0.5, 0.5))
+
+    def score_pairs(prompts, groups):  # scores report 1 8/8 and report 2 2/2, or 5/5 for both ("tie")
+        out = []
+        for p, g in zip(prompts, groups):
+            vals = [(5, 5) if p == "q2" else ((8, 8) if r == "good" else (2, 2)) for r in g]
+            body = "".join(f'<report id="{k}"><scores><score dim="factual_support" value="{a}"/>'
+                           f'<score dim="insight" value="{b}"/></scores></report>' for k, (a, b) in enumerate(vals, 1))
+            out.append(f"<report_evaluations>{body}</report_evaluations>")
+        return out
+
+    reward = PreferenceReward(f, pairs_per_step=3).reward(0, rubric, score_pairs, None)
+    assert reward == pytest.approx((1 + 1 + 0.5) / 3)  # two right, one tie; positions alternate
+
+
+# ----------------------------------------------------------------------------- each mode on the CLI
+MODES = {
+    "score": ([], "evaluator/consistency"),
+    "evolving": (["rubric=evolving"], "rubric/buffer_size"),
+    "given": (["rubric=given", f"rubric.path={ROOT}/src/score_lightning/data/assets/criteria_tiny.jsonl"],
+              "rubric/missing_rate"),
+    "discriminative": (["evaluator.reward=discriminative"], "evaluator/discriminative"),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_each_mode_runs_three_steps_on_the_cli(mode, tmp_path, tiny_ckpt):
+    extra, tag = MODES[mode]
+    out = tmp_path / mode
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    cmd = [sys.executable, "src/train.py", *FAST, "rollout=scripted", "solver.num_rollouts=3", "trainer.max_steps=3",
+           "solver.max_response_tokens=200", "evaluator.max_response_tokens=500", "evaluator.max_rubric_tokens=160",
+           f"paths.output_dir={out}", *extra]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scalars = read_scalars(out / "tensorboard")
+    for key in ("solver/reward_mean", "solver/reward_score_part", "evaluator/rubric_valid_rate", tag):
+        values = [v for _, v in scalars[key]]
+        assert len(values) == 3 and all(math.isfinite(v) for v in values), (key, values)
+    if mode == "evolving":
+        assert "rubric/items_added" in scalars and sum(v for _, v in scalars["rubric/items_added"]) > 0
+    if mode in ("score", "evolving", "discriminative"):
+        assert [v for _, v in scalars["evaluator/updated"]] == [1.0] * 3  # the rubric writer trained
+
+
+def test_discriminative_reward_pools_group_spreads(tokenizer):
+    from score_lightning.step.evaluator_phase import sample_rewards
+    from score_lightning.step.scalars import StepScalars
+    from score_lightning.step.types import RubricSample, StepRubric
+
+    part = torch.tensor([0.2, 0.6, 0.4, 0.5, 0.5, 0.5])
+    rw = SimpleNamespace(answers=[SimpleNamespace(valid=False, answer=None)] * 6, rubric_part=part,
+                         rewards=part + 1)
+    rubric = Rubric(("factual_support",), (1.0,))
+    ro = SimpleNamespace(rubrics=StepRubric([rubric] * 2, [(RubricSample(rubric, True, "", [1], [2], [1]), None)]))
+    rewards, consistency = sample_rewards("discriminative", ro, rw, StepScalars(), 3, 0.0)
+    assert rewards[0] == pytest.approx((part[:3].std(unbiased=False).item() + 0.0) / 2) and math.isnan(consistency)

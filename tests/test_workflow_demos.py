@@ -1,0 +1,66 @@
+"""Cold-start demonstrations of the solver workflows: valid formats within the RL budgets, added only when
+the config uses them, and leaving the default cold start (its demos and its cache key) untouched."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import compose
+from score_lightning.roles import mams_prompts as M
+from score_lightning.roles.answer import parse_answer
+from score_lightning.roles.step_judge import parse_step_judgement
+from score_lightning.rollout.agent import parse_search_action
+from score_lightning.sft.demo_types import DemoBudgets
+from score_lightning.sft.demos import build_demos
+from score_lightning.sft.workflow_demos import WorkflowDemoSpec, workflow_key_inputs, workflow_kinds
+
+
+@pytest.fixture(scope="module")
+def queries():
+    from score_lightning.data.queries import load_queries
+
+    return [q.prompt for q in load_queries(None, split="train")]
+
+
+def test_workflow_demos_only_where_the_config_uses_them():
+    base = compose(["experiment=tiny_score"])
+    assert WorkflowDemoSpec.from_cfg(base) is None and workflow_kinds(None) == []
+    assert workflow_key_inputs(base) == {}  # the default cold start's cache key is unchanged
+    mams, arco = compose(["experiment=mams_tiny"]), compose(["experiment=arco_tiny"])
+    m, a = WorkflowDemoSpec.from_cfg(mams), WorkflowDemoSpec.from_cfg(arco)
+    assert (m.num_mams, m.num_step, a.num_mams, a.num_step) == (240, 0, 0, 480)
+    assert m.mams.max_searches == int(mams.solver.max_tool_calls) and a.mams is None
+    assert workflow_key_inputs(mams) != workflow_key_inputs(arco) != {}
+    assert [k.kind for k in workflow_kinds(m)] == ["mams"] and [k.kind for k in workflow_kinds(a)] == ["step"]
+
+
+def test_workflow_demos_are_valid_and_leave_the_default_kinds_unchanged(tokenizer, bm25, queries):
+    cfg = compose(["experiment=mams_tiny", "reward.step=rubric"])
+    spec = WorkflowDemoSpec.from_cfg(cfg)
+    extra = [type(k)(k.kind, 6, k.per_prompt, k.group) for k in workflow_kinds(spec)]
+    budgets = DemoBudgets.from_cfg(cfg)
+    plain, _ = build_demos(tokenizer, bm25, queries, budgets, 4, 8, 2, seed=3)
+    demos, stats = build_demos(tokenizer, bm25, queries, budgets, 4, 8, 2, seed=3, extra=extra)
+    assert [(d.prompt_ids, d.response_ids) for d in demos[:len(plain)]] == [(d.prompt_ids, d.response_ids) for d in plain]
+    new = demos[len(plain):]
+    kinds = {d.kind for d in new}
+    assert kinds == {"mams_search", "mams_state", "mams_report", "step"} and stats.built["mams"] > 0
+    budget = {"mams_search": spec.mams.search_tokens, "mams_state": spec.mams.state_tokens,
+              "mams_report": spec.mams.report_tokens, "step": spec.step_max_tokens}
+    for d in new:
+        text = tokenizer.decode(d.response_ids[:-1])  # without the appended EOS
+        assert d.response_ids[-1] == tokenizer.eos_token_id and d.response_mask == [1] * len(d.response_ids)
+        assert len(d.response_ids) - 1 < budget[d.kind], d.kind
+        if d.kind.startswith("mams_"):
+            assert len(d.prompt_ids) <= spec.mams.max_context_tokens
+        if d.kind == "mams_search":
+            assert text == M.FINISH or parse_search_action(text).kind == "search", text
+        elif d.kind == "mams_state":
+            assert M.parse_state(text).valid, text
+        elif d.kind == "mams_report":
+            answer = parse_answer(f"<answer>{M.parse_report(text)}</answer>", require_citation=True)
+            assert answer.valid and answer.answer.splitlines()[-1].startswith("Conclusion:"), text
+        else:
+            assert parse_step_judgement(text).valid, text
+    reports = [d for d in new if d.kind == "mams_report"]
+    assert all(d.meta["search_queries"] for d in reports)
