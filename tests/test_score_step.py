@@ -147,6 +147,10 @@ def test_rewards_gates_and_advantages_by_hand(two_steps):
     assert adv == pytest.approx(_hand_advantages(qa) + _hand_advantages(qb), abs=1e-5)
     m = step1["metrics"]
     assert m["evaluator/process_gate_rate"] == pytest.approx(0.5)
+    # query b's report 2 misses the required <verification>: its evaluation, and that one report, are invalid
+    assert rw.reports_valid == [True] * 4 + [False, True]
+    assert m["evaluator/scoring_valid_rate"] == pytest.approx(0.5)
+    assert m["evaluator/report_scores_valid_rate"] == pytest.approx(5 / 6)
     assert m["solver/reward_mean"] == pytest.approx(sum(qa + qb) / 6, abs=1e-6)
     assert m["solver/reward_validity_part"] == pytest.approx(4 / 6)
     # score part: mean over the 4 valid reports of sum_j w_j s_j as used (query b's are gated to 0)

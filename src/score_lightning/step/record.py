@@ -39,6 +39,7 @@ def record_rewards(sc: StepScalars, ro: StepRollouts, rw: StepRewards, num_rollo
     sc.mean("evaluator/verified_rate", float(rw.verified.float().sum()), n)
     sc.mean("evaluator/process_gate_rate", float((~rw.process_ok).float().sum()) / num_rollouts, groups)
     sc.mean("evaluator/scoring_valid_rate", float(sum(rw.eval_valid)), len(rw.eval_valid))
+    sc.mean("evaluator/report_scores_valid_rate", float(sum(rw.reports_valid)), len(rw.reports_valid))
     sc.mean("evaluator/verification_depth_mean", float(sum(len(t.search_queries) for t in ro.scoring)), len(ro.scoring))
 
 

@@ -15,7 +15,7 @@ R_s(r) = a(r) * (1 + sum_j w_j s_j(r)), with two gates that make the harness con
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -58,6 +58,7 @@ class StepRewards:
     eval_valid: list[bool]  # per query: the scoring XML parsed completely
     rewards: Tensor  # [N] s_i^k, what GRPO normalises
     tau: int
+    reports_valid: list[bool] = field(default_factory=list)  # per report: its scores parsed completely (what feeds R_s)
 
 
 def rubric_part(scores: Tensor, rubric: Rubric) -> Tensor:
@@ -105,6 +106,7 @@ def assemble_rewards(
     depth: list[int] = []
     process_ok: list[bool] = []
     eval_valid: list[bool] = []
+    reports_valid: list[bool] = []
     for st, rubric in zip(scoring, rubrics):
         ev = parse_evaluation(st.model_text(tokenizer), rubric, num_reports, require_verification=pc.require_verification,
                               require_gap_analysis=pc.require_gap_analysis)
@@ -114,8 +116,11 @@ def assemble_rewards(
         depth.extend([len(st.search_queries)] * num_reports)
         process_ok.extend([ok] * num_reports)
         eval_valid.append(ev.valid)
-    return combine(answers, matrices, rubrics, depth, process_ok, eval_valid,
-                   effective_tau(settings.min_search_depth, state), settings)
+        reports_valid.extend(ev.reports.get(rid) is not None and ev.reports[rid].valid for rid in range(1, num_reports + 1))
+    out = combine(answers, matrices, rubrics, depth, process_ok, eval_valid,
+                  effective_tau(settings.min_search_depth, state), settings)
+    out.reports_valid = reports_valid
+    return out
 
 
 def combine(
