@@ -238,3 +238,17 @@ def test_rule_harness_is_built_from_the_configured_state():
     new = harness.update(state, healthy)
     assert new.dimension_constraints == state.dimension_constraints  # k = 3, weight_max = 0.6 stay
     assert new.process_constraints == state.process_constraints
+
+
+def test_scoring_temperature_defaults_to_the_evaluator_temperature_and_is_validated():
+    from score_lightning.config_validation import ConfigError, validate_config
+    from score_lightning.step.rollouts import RolloutSettings
+
+    base = RolloutSettings.from_cfg(compose(FAST))
+    assert base.scoring.temperature == pytest.approx(0.8)  # the paper's evaluator temperature, rubric and scoring
+    greedy = compose(FAST + ["evaluator.scoring_temperature=0"])
+    validate_config(greedy)
+    s = RolloutSettings.from_cfg(greedy)
+    assert s.scoring.temperature == 0.0 and s.solver.temperature == pytest.approx(1.0)
+    with pytest.raises(ConfigError, match="evaluator.scoring_temperature"):
+        validate_config(compose(FAST + ["evaluator.scoring_temperature=-0.5"]))

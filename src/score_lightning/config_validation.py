@@ -73,6 +73,8 @@ def validate_config(cfg: DictConfig) -> None:
     c("evaluator.ema_beta", _num(0.0, 1.0, hi_open=True), "a number in [0, 1)")
     c("evaluator.alpha", _num(0.0), "a number >= 0")
     c("evaluator.temperature", _num(0.0, lo_open=True), "a number > 0")
+    if cfg.evaluator.get("scoring_temperature") is not None:
+        c("evaluator.scoring_temperature", _num(0.0), "null or a number >= 0 (0: greedy)")
     c("evaluator.max_rubric_tokens", _int(8), "an integer >= 8")
     c("evaluator.max_response_tokens", _int(8), "an integer >= 8")
     c("evaluator.max_tool_calls", _int(0, 10), "an integer in [0, 10]")

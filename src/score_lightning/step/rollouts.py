@@ -50,11 +50,18 @@ class RolloutSettings:
         scoring = AgentConfig(
             max_tool_calls=int(e.max_tool_calls), max_response_tokens=int(e.max_response_tokens),
             max_observation_tokens=int(s.max_observation_tokens), topk=int(s.topk),
-            temperature=float(e.temperature), finish_tag=P.EVALS_CLOSE, allow_search=int(e.max_tool_calls) > 0,
+            temperature=scoring_temperature(cfg), finish_tag=P.EVALS_CLOSE, allow_search=int(e.max_tool_calls) > 0,
         )
         agent = str(s.get("agent", "react"))
         return cls(int(s.num_rollouts), int(s.max_prompt_tokens), solver, scoring, int(e.max_report_tokens),
                    bool(s.get("conclusion_line", True)), agent, MamsConfig.from_cfg(cfg) if agent == "mams" else None)
+
+
+def scoring_temperature(cfg) -> float:
+    """``evaluator.scoring_temperature``, else ``evaluator.temperature``. Scoring tokens are never trained
+    (REINFORCE trains the rubric), so their temperature only trades judge noise against diversity; 0 is greedy."""
+    t = cfg.evaluator.get("scoring_temperature")
+    return float(cfg.evaluator.temperature if t is None else t)
 
 
 def initial_evidence(retriever: Retriever, queries: Sequence[str], topk: int) -> tuple[list[list[str]], int]:
