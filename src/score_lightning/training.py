@@ -157,7 +157,7 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
     import lightning.pytorch as pl
     import torch
 
-    from score_lightning.callbacks.preemption import Preempted, PreemptionCallback
+    from score_lightning.callbacks.preemption import Preempted
     from score_lightning.data.datamodule import QueryDataModule
     from score_lightning.console import quiet_console
     from score_lightning.module import ScoreModule
@@ -175,7 +175,7 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
         module_hook(module)
     trainer = build_trainer(cfg, callbacks)
     trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
-    if any(isinstance(c, PreemptionCallback) and c.preempted for c in callbacks):
+    if any(getattr(c, "preempted", False) is True for c in callbacks):  # whichever callback config put there
         raise Preempted()
     export = Path(cfg.paths.output_dir) / "export"
     module.export_policy(export)
