@@ -12,7 +12,8 @@ then ``scripts/evaluate.py`` rolls its final export out (greedy) on the 20 held-
 which no training batch, cold-start demonstration or tokenizer text contains, and scores them with
 the programmatic report card (citation precision, coverage of the query's top BM25 passages,
 answer validity, length). The cold-start model gets the same card once: learning is measured as the
-change over it. Reported per condition: mean and 95% t-interval over seeds of the training reward
+change over it (generated under the runs' own solver budgets, read from their
+exports). Reported per condition: mean and 95% t-interval over seeds of the training reward
 and its two parts (last 20% of steps minus first 20%), and of each held-out metric's change; and the
 paired (same seed) difference of each condition against SCORE. The table is appended to
 ``docs/BENCHMARKS.md`` with the exact command. ``--tuning-seeds`` (the seeds the settings were tuned
@@ -106,12 +107,22 @@ def _run(cmd: list[str], log: Path) -> None:
         raise SystemExit(f"failed ({proc.returncode}, {time.time() - t0:.0f}s): {shlex.join(cmd)}; log: {log}")
 
 
-def card_for(model: Path, out: Path) -> dict:
-    """Generate on the held-out queries (greedy, the run's budgets) and score them."""
+def card_for(model: Path, out: Path, budgets_of: Path | None = None) -> dict:
+    """Generate on the held-out queries (greedy) and score them. A run's export brings its own solver
+    budgets (``run_config.json``); the cold-start model has none, so it takes those of ``budgets_of``
+    (a run's export): every card in one table is generated under the same budgets."""
+    from score_lightning.evaluation import _run_budgets
+
     arts = out / "heldout.jsonl"
+    flags = []
+    if budgets_of is not None:
+        budgets = _run_budgets(str(budgets_of))
+        if not budgets:
+            raise SystemExit(f"no run_config.json in {budgets_of}: cannot match the cold start's budgets")
+        flags = [x for k, v in sorted(budgets.items()) for x in (f"--{k.replace('_', '-')}", str(v))]
     if not (out / "heldout.card.json").exists():
         _run([sys.executable, "scripts/evaluate.py", "--model", str(model), "--queries", "embedded", "--split",
-              "heldout", "--out", str(arts), "--no-progress"], out / "generate.log")
+              "heldout", "--out", str(arts), "--no-progress", *flags], out / "generate.log")
         _run([sys.executable, "scripts/evaluate.py", "card", "--articles", str(arts)], out / "card.log")
     summary = json.loads((out / "heldout.card.json").read_text())["summary"]
     return {m: summary[m]["mean"] for m in CARD}
@@ -131,6 +142,21 @@ def run_cell(cond: str, seed: int, steps: int, out: Path) -> dict:
               "heldout": card_for(run / "export", run), "cold_start_model": ckpt["hyper_parameters"]["model_path"]}
     done.write_text(json.dumps(result, indent=1))
     return result
+
+
+def _export_of(result: dict, out: Path, merged: list[str] | None) -> Path:
+    """The export folder of a result's run (under ``--out`` or one of the ``--merge`` dirs)."""
+    for root in [out, *map(Path, merged or [])]:
+        export = root / result["condition"] / f"seed{result['seed']}" / "export"
+        if export.is_dir():
+            return export
+    raise SystemExit(f"no export for {result['condition']}:{result['seed']} under {out} or {merged}")
+
+
+def _budgets_of(result: dict, out: Path, merged: list[str] | None) -> dict:
+    from score_lightning.evaluation import _run_budgets
+
+    return _run_budgets(str(_export_of(result, out, merged)))
 
 
 def table(results: list[dict], baseline_card: dict, conditions: list[str]) -> str:
@@ -184,13 +210,17 @@ def main() -> int:
         return 0
     if args.merge is not None:
         results = [json.loads(p.read_text()) for d in [out, *map(Path, args.merge)] for p in d.rglob("result.json")]
+        results = [r for r in results if r["condition"] in conditions and r["seed"] in args.seeds + args.tuning_seeds]
     else:
         results = [run_cell(c, s, args.steps, out) for s in args.seeds + args.tuning_seeds for c in conditions]
     if not results:
         raise SystemExit("no results")
     cold = out / "cold_start"
     cold.mkdir(exist_ok=True)
-    baseline = card_for(Path(results[0]["cold_start_model"]), cold)
+    budgets = {json.dumps(_budgets_of(r, out, args.merge), sort_keys=True) for r in results}
+    if len(budgets) != 1:
+        raise SystemExit(f"the runs differ in solver budgets ({sorted(budgets)}); one table needs one budget")
+    baseline = card_for(Path(results[0]["cold_start_model"]), cold, _export_of(results[0], out, args.merge))
     fresh = [r for r in results if r["seed"] not in args.tuning_seeds]
     tuned = [r for r in results if r["seed"] in args.tuning_seeds]
     report = [table(fresh, baseline, conditions)]
