@@ -249,7 +249,7 @@ def append(text: str, summary: str, argv: list[str], conditions: list[str], seed
 ### Command
 
 ```bash
-{shlex.join([sys.executable if a == argv[0] else a for a in ["python", *argv[1:]]])}
+{shlex.join(["python", "scripts/bench_learning.py", *argv[1:]])}
 ```
 
 Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), no GPU; load average
