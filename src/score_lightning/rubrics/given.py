@@ -16,13 +16,12 @@ dimension scores do. A query without a given rubric uses the harness fallback ru
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from score_lightning.data.corpus import DataFormatError
+from score_lightning.data.corpus import DataFormatError, iter_jsonl
 from score_lightning.roles.rubric import Rubric, fallback_rubric
 from score_lightning.rubrics.base import RubricContext
 from score_lightning.step.types import StepRubric
@@ -84,26 +83,19 @@ def load_given_rubrics(path: str | Path, include_explanation: bool = False,
     if not path.is_file():
         raise DataFormatError(path, 0, "file not found")
     out: dict[str, Rubric] = {}
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataFormatError(path, lineno, f"invalid JSON ({exc.msg} at column {exc.colno})") from None
-            if not isinstance(obj, dict) or "id" not in obj:
-                raise DataFormatError(path, lineno, 'each line needs an "id"')
-            if "criterions" in obj:
-                rubric = _drb_rubric(obj, path, lineno, include_explanation)
-            elif "rubrics" in obj:
-                rubric = _checklist_rubric(obj, path, lineno)
-            else:
-                raise DataFormatError(path, lineno, 'neither a DRB criteria line ("criterions") nor a checklist ("rubrics")')
-            key = str(obj["id"])
-            if key in out:
-                raise DataFormatError(path, lineno, f"duplicate id {key!r}")
-            out[key] = _top(rubric, max_items) if max_items else rubric
+    for lineno, obj in iter_jsonl(path):
+        if "id" not in obj:
+            raise DataFormatError(path, lineno, 'each line needs an "id"')
+        if "criterions" in obj:
+            rubric = _drb_rubric(obj, path, lineno, include_explanation)
+        elif "rubrics" in obj:
+            rubric = _checklist_rubric(obj, path, lineno)
+        else:
+            raise DataFormatError(path, lineno, 'neither a DRB criteria line ("criterions") nor a checklist ("rubrics")')
+        key = str(obj["id"])
+        if key in out:
+            raise DataFormatError(path, lineno, f"duplicate id {key!r}")
+        out[key] = _top(rubric, max_items) if max_items else rubric
     if not out:
         raise DataFormatError(path, 0, "no rubrics in the file")
     return out

@@ -11,14 +11,13 @@ position bias). The reward is the share of pairs whose chosen report scores high
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from score_lightning import distributed as D
-from score_lightning.data.corpus import DataFormatError
+from score_lightning.data.corpus import DataFormatError, iter_jsonl
 from score_lightning.roles.evaluation import parse_evaluation
 from score_lightning.roles.rubric import Rubric
 from score_lightning.rollout.engine import is_collective
@@ -29,18 +28,11 @@ def load_preferences(path: str | Path) -> list[dict]:
     if not path.is_file():
         raise DataFormatError(path, 0, "file not found")
     pairs = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataFormatError(path, lineno, f"invalid JSON ({exc.msg} at column {exc.colno})") from None
-            for key in ("prompt", "chosen", "rejected"):
-                if not isinstance(obj, dict) or not isinstance(obj.get(key), str) or not obj[key].strip():
-                    raise DataFormatError(path, lineno, f'needs a non-empty string "{key}" (fields: id, prompt, chosen, rejected)')
-            pairs.append(obj)
+    for lineno, obj in iter_jsonl(path):
+        for key in ("prompt", "chosen", "rejected"):
+            if not isinstance(obj.get(key), str) or not obj[key].strip():
+                raise DataFormatError(path, lineno, f'needs a non-empty string "{key}" (fields: id, prompt, chosen, rejected)')
+        pairs.append(obj)
     if not pairs:
         raise DataFormatError(path, 0, "no preference pairs in the file")
     return pairs
