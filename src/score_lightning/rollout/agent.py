@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence
 
 from score_lightning import protocol as P
 from score_lightning.retrieval.base import RetrievalError, Retriever
@@ -41,6 +41,12 @@ class AgentConfig:
     #: the role's finishing tag: ``</answer>`` for the solver, ``</report_evaluations>`` for scoring
     finish_tag: str = P.ANSWER_CLOSE
     allow_search: bool = True
+
+
+class TurnConstraint(Protocol):
+    """What a constrained trajectory gives the loop: the expression of its next turn."""
+
+    def turn_regex(self, can_search: bool) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -101,8 +107,13 @@ def run_agent(
     retriever: Retriever | None,
     cfg: AgentConfig,
     metas: Sequence[dict] | None = None,
+    constraints: Sequence[TurnConstraint | None] | None = None,
 ) -> list[Trajectory]:
-    """Roll out every prompt to completion; returns one :class:`Trajectory` per prompt, in order."""
+    """Roll out every prompt to completion; returns one :class:`Trajectory` per prompt, in order.
+
+    ``constraints`` (one per prompt, ``None``: free) give each turn a regular expression its text must
+    match, depending on whether a search is still allowed (:mod:`~score_lightning.rollout.constrained`).
+    """
     trajs = [Trajectory(prompt_ids=list(p), meta=dict(metas[i]) if metas else {}) for i, p in enumerate(prompts)]
     search_stops = TagStops(tokenizer, [P.SEARCH_CLOSE, cfg.finish_tag])
     final_stops = TagStops(tokenizer, [cfg.finish_tag])
@@ -119,9 +130,13 @@ def run_agent(
                     engine.generate([], SamplingParams(max_new_tokens=1, stop_token_ids=stops.token_ids))
                 continue
             budget = max(cfg.max_response_tokens - len(trajs[i].response_ids) for i in group)
+            regexes = ()
+            if constraints is not None and any(c is not None for c in constraints):
+                searching = stops is search_stops
+                regexes = tuple(None if constraints[i] is None else constraints[i].turn_regex(searching) for i in group)
             params = SamplingParams(
                 max_new_tokens=budget, temperature=cfg.temperature, top_p=cfg.top_p,
-                stop_token_ids=stops.token_ids, stop_strings=stops.strings,
+                stop_token_ids=stops.token_ids, stop_strings=stops.strings, regexes=regexes,
             )
             gens = engine.generate([trajs[i].prompt_ids + trajs[i].response_ids for i in group], params)
             for i, gen in zip(group, gens):

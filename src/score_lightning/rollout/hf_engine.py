@@ -22,9 +22,11 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
-from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+from transformers import (GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList,
+                          TemperatureLogitsWarper, TopPLogitsWarper)
 
 from score_lightning.rollout.engine import Generation, SamplingParams
+from score_lightning.rollout.constrained import RegexLogitsProcessor
 from score_lightning.rollout.stops import first_stop
 
 
@@ -59,7 +61,17 @@ class HFEngine:
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         out: list[Generation] = []
-        chunks = [prompts[s:s + self.max_batch_size] for s in range(0, len(prompts), self.max_batch_size)]
+        if params.regexes and len(params.regexes) != len(prompts):
+            raise ValueError(f"{len(params.regexes)} regexes for {len(prompts)} prompts")
+        step = self.max_batch_size
+        chunks = [prompts[s:s + step] for s in range(0, len(prompts), step)]
+        if params.regexes:  # each chunk carries its own prompts' expressions
+            from dataclasses import replace
+
+            chunk_params = [replace(params, regexes=tuple(params.regexes[s:s + step]))
+                            for s in range(0, len(prompts), step)]
+        else:
+            chunk_params = [params] * len(chunks)
         if self.collective:  # ranks with fewer chunks (or none) join the others' forwards with a dummy prompt
             from score_lightning import distributed as D
 
@@ -67,12 +79,12 @@ class HFEngine:
             dummy = SamplingParams(max_new_tokens=1, temperature=0.0, logprobs=False)
             for i in range(n):
                 if i < len(chunks):
-                    out.extend(self._generate_batch(chunks[i], params))
+                    out.extend(self._generate_batch(chunks[i], chunk_params[i]))
                 else:
                     self._generate_batch([[self.eos_token_id]], dummy)
             return out
-        for chunk in chunks:
-            out.extend(self._generate_batch(chunk, params))
+        for chunk, p in zip(chunks, chunk_params):
+            out.extend(self._generate_batch(chunk, p))
         return out
 
     def _generate_batch(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
@@ -94,6 +106,14 @@ class HFEngine:
         )
         if sample:
             kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
+        if any(r is not None for r in params.regexes):
+            # the mask must come before temperature and top-p (generate appends custom processors after its own)
+            procs = [RegexLogitsProcessor(params.regexes, self.tokenizer, self.eos_token_ids, width)]
+            if sample:
+                procs += [TemperatureLogitsWarper(params.temperature)] * (params.temperature != 1.0)
+                procs += [TopPLogitsWarper(params.top_p)] * (params.top_p < 1.0)
+                kwargs.update(temperature=1.0, top_p=1.0)
+            kwargs.update(logits_processor=LogitsProcessorList(procs))
         if params.stop_strings:
             if self.tokenizer is None:
                 raise ValueError("HFEngine needs the tokenizer to stop on strings (multi-token tags)")

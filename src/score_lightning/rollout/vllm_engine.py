@@ -153,6 +153,9 @@ class VLLMEngine:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         if not prompts:
             return []
+        if any(r is not None for r in params.regexes):
+            raise NotImplementedError("evaluator.constrained_scoring is not wired to the vLLM engine yet: "
+                                      "set evaluator.constrained_scoring=false with rollout=vllm")
         self._ensure_awake()
         # Per-request seeds from torch's global generator: reproducible under seed_everything and resume.
         # (vLLM samples seeded requests with one generator each: a small per-step cost at large batch;

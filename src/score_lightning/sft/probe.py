@@ -22,6 +22,7 @@ from score_lightning.roles.evaluation import parse_evaluation
 from score_lightning.roles.prompts import rubric_messages, scoring_messages, solver_messages
 from score_lightning.roles.rubric import fallback_rubric, parse_rubric
 from score_lightning.rollout.agent import TagStops, run_agent
+from score_lightning.rollout.constrained import ScoringConstraint, text_added_tokens
 from score_lightning.rollout.engine import SamplingParams
 from score_lightning.rollout.hf_engine import HFEngine
 from score_lightning.rollout.chat import encode_chat, truncate_text
@@ -97,8 +98,13 @@ def probe_policy(model, tokenizer, retriever, cfg: DictConfig, n_rubric: int, n_
                     reps = [truncate_text(tokenizer, a.answer if a.answer else "(no report)", b.max_report_tokens)
                             for a in answers[g * K:(g + 1) * K]]
                     sprompts.append(encode_chat(tokenizer, scoring_messages(group_queries[g], reps, rubric, state)))
-                strajs = run_agent(engine, tokenizer, sprompts, retriever, eval_cfg)
                 pc = state.process_constraints
+                cons = None
+                if bool(cfg.evaluator.get("constrained_scoring", False)):  # as RL scores (evaluator.constrained_scoring)
+                    added = text_added_tokens(tokenizer)
+                    cons = [ScoringConstraint(rubric.dims, K, pc.require_verification, pc.require_gap_analysis, added)
+                            for _ in sprompts]
+                strajs = run_agent(engine, tokenizer, sprompts, retriever, eval_cfg, constraints=cons)
                 evs = [parse_evaluation(t.model_text(tokenizer), rubric, K, require_verification=pc.require_verification,
                                         require_gap_analysis=pc.require_gap_analysis) for t in strajs]
                 out["probe/scoring_valid_rate"] = float(np.mean([e.valid for e in evs]))

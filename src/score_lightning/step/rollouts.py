@@ -19,6 +19,7 @@ from score_lightning.roles.prompts import format_rubric, scoring_messages, solve
 from score_lightning.roles.rubric import Rubric
 from score_lightning.rollout.agent import AgentConfig, run_agent
 from score_lightning.rollout.chat import encode_chat, truncate_text
+from score_lightning.rollout.constrained import ScoringConstraint, text_added_tokens
 from score_lightning.rollout.engine import RolloutEngine
 from score_lightning.rollout.mams import MamsConfig, run_mams
 from score_lightning.rollout.trajectory import Trajectory
@@ -38,6 +39,7 @@ class RolloutSettings:
     conclusion_line: bool = True  # ask the solver to end with "Conclusion: ..."
     agent: str = "react"  # solver.agent: react (one ReAct loop) | mams (search / state / report roles)
     mams: MamsConfig | None = None  # solver.mams.* budgets (solver.agent=mams)
+    constrained_scoring: bool = False  # evaluator.constrained_scoring: scoring turns held to the rubric's XML
 
     @classmethod
     def from_cfg(cls, cfg) -> "RolloutSettings":
@@ -54,7 +56,8 @@ class RolloutSettings:
         )
         agent = str(s.get("agent", "react"))
         return cls(int(s.num_rollouts), int(s.max_prompt_tokens), solver, scoring, int(e.max_report_tokens),
-                   bool(s.get("conclusion_line", True)), agent, MamsConfig.from_cfg(cfg) if agent == "mams" else None)
+                   bool(s.get("conclusion_line", True)), agent, MamsConfig.from_cfg(cfg) if agent == "mams" else None,
+                   bool(e.get("constrained_scoring", False)))
 
 
 def scoring_temperature(cfg) -> float:
@@ -100,8 +103,14 @@ def scoring_rollouts(engine: RolloutEngine, tokenizer, retriever: Retriever, que
                      reports: Sequence[Sequence[str | None]], rubrics: Sequence[Rubric], state: HarnessState,
                      settings: RolloutSettings) -> list[Trajectory]:
     """One scoring trajectory per query over its K reports, under its rubric (``None``: no report written)."""
-    prompts = []
+    prompts, constraints = [], []
+    pc = state.process_constraints
+    added = text_added_tokens(tokenizer) if settings.constrained_scoring else {}
     for q, group, rubric in zip(queries, reports, rubrics):
         shown = [truncate_text(tokenizer, r if r else "(no report)", settings.max_report_tokens) for r in group]
         prompts.append(encode_chat(tokenizer, scoring_messages(q, shown, rubric, state), settings.max_prompt_tokens))
-    return run_agent(engine, tokenizer, prompts, retriever, settings.scoring)
+        if settings.constrained_scoring:
+            constraints.append(ScoringConstraint(rubric.dims, len(group), pc.require_verification,
+                                                 pc.require_gap_analysis, added))
+    return run_agent(engine, tokenizer, prompts, retriever, settings.scoring,
+                     constraints=constraints if settings.constrained_scoring else None)

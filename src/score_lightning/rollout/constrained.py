@@ -1,0 +1,211 @@
+"""Constrained decoding of the evaluator's scoring turns (``evaluator.constrained_scoring``).
+
+Why: one evaluation scores K reports x k dimensions, and a single missing or misnamed
+``<score>`` makes the whole evaluation invalid (:mod:`~score_lightning.roles.evaluation`). A small
+model, such as the CPU default's tiny one, writes the XML well but often does not copy the
+step's freshly sampled dimension names and writes dimensions from its prior instead. Scoring tokens
+are never trained in SCORE (REINFORCE trains the rubric tokens), so constraining them changes no
+gradient. It only keeps the evaluator's *values* from being thrown away for a formatting slip. This
+is the structured-output decoding (vLLM ``structured_outputs``) that LLM judges commonly use.
+
+Each scoring turn is held to a regular expression: an optional ``<think>``, then either one
+``<search>query</search>`` (while the tool budget allows) or the complete ``<report_evaluations>``
+block with reports 1..K in order and one ``<score>`` per rubric dimension in rubric order. The
+model still chooses whether to search, what to search for, every value 0-10 and every free-text
+field. The engine applies the expression: HF through :class:`RegexLogitsProcessor` (llguidance
+masks), vLLM through its own ``structured_outputs``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from score_lightning import protocol as P
+
+#: Longest free text per field, in characters. The cold-start demos stay well inside (queries are a
+#: few words, sections one short sentence, reasons one word); without a cap a small model can ramble
+#: in a free field until the turn's token budget ends and the evaluation is cut off.
+MAX_CHARS = {"think": 120, "query": 80, "section": 120, "reason": 24}
+
+
+def _free(field: str, exclude: str = "<") -> tuple[str, str]:
+    """Free text of one field: no tag (``<``), at most :data:`MAX_CHARS` characters."""
+    return ("rx", f"[^{exclude}]{{1,{MAX_CHARS[field]}}}")
+
+
+def _opt(pieces: list) -> list:
+    return [("opt", pieces)]
+
+
+def _section(open_tag: str, close_tag: str, required: bool) -> list:
+    """``<tag>text</tag>``: text may be empty unless the process rules require the section."""
+    body = [("rx", f"[^<\\s][^<]{{0,{MAX_CHARS['section'] - 1}}}")] if required else _opt([_free("section")])
+    sec = [("lit", open_tag), *body, ("lit", close_tag)]
+    return sec if required else _opt(sec)
+
+
+def evaluations_pieces(dims: Sequence[str], num_reports: int, require_verification: bool = False,
+                       require_gap_analysis: bool = False) -> list:
+    """The ``<report_evaluations>`` block :func:`~score_lightning.roles.evaluation.parse_evaluation` accepts
+    as valid for these dimensions and K (sections the rules require are non-empty)."""
+    out: list = [("lit", P.EVALS_OPEN)]
+    for i in range(1, num_reports + 1):
+        if i > 1:
+            out += _opt([("lit", "\n")])
+        out += [("lit", f'<report id="{i}">'), *_section(P.VERIFICATION_OPEN, P.VERIFICATION_CLOSE, require_verification),
+                *_section(P.GAP_OPEN, P.GAP_CLOSE, require_gap_analysis), ("lit", P.SCORES_OPEN)]
+        for d in dims:
+            out += [("lit", f'<score dim="{d}" value="'), ("rx", "(10|[0-9])"), ("lit", '"'),
+                    *_opt([("lit", ' reason="'), *_opt([_free("reason", '"<')]), ("lit", '"')]), ("lit", "/>")]
+        out += [("lit", P.SCORES_CLOSE), ("lit", P.REPORT_CLOSE)]
+    return out + [("lit", P.EVALS_CLOSE)]
+
+
+def _lark_literal(text: str, added: Mapping[str, int]) -> str:
+    """``text`` in Lark: a tag the tokenizer holds as one added token becomes that token (``<[id]>``), since
+    llguidance matches added tokens only by id; the rest are quoted strings."""
+    if not added:
+        return json.dumps(text)
+    pattern = "|".join(re.escape(t) for t in sorted(added, key=len, reverse=True))
+    parts, pos = [], 0
+    for m in re.finditer(pattern, text):
+        if m.start() > pos:
+            parts.append(json.dumps(text[pos:m.start()]))
+        parts.append(f"<[{added[m.group(0)]}]>")
+        pos = m.end()
+    if pos < len(text):
+        parts.append(json.dumps(text[pos:]))
+    return " ".join(parts)
+
+
+def _lark(pieces: list, added: Mapping[str, int]) -> str:
+    out = []
+    for kind, val in pieces:
+        if kind == "lit":
+            out.append(_lark_literal(val, added))
+        elif kind == "rx":
+            out.append(f"/{val}/")
+        elif kind == "opt":
+            out.append(f"({_lark(val, added)})?")
+        else:  # "alt": a list of alternatives
+            out.append("(" + " | ".join(_lark(alt, added) for alt in val) + ")")
+    return " ".join(out)
+
+
+def scoring_turn_grammar(dims: Sequence[str], num_reports: int, allow_search: bool, require_verification: bool = False,
+                         require_gap_analysis: bool = False, added_tokens: Mapping[str, int] | None = None) -> str:
+    """One scoring turn as a Lark grammar: optional think, then a search call (when ``allow_search``) or the
+    evaluations block. ``added_tokens``: the tokenizer's non-special added tokens (text -> id)."""
+    think = _opt([("lit", P.THINK_OPEN), *_opt([_free("think")]), ("lit", P.THINK_CLOSE)])
+    evals = evaluations_pieces(dims, num_reports, require_verification, require_gap_analysis)
+    body = [("alt", [[("lit", P.SEARCH_OPEN), _free("query", "<\\n"), ("lit", P.SEARCH_CLOSE)], evals])] if allow_search \
+        else evals
+    return "start: " + _lark([*think, *body], added_tokens or {})
+
+
+def text_added_tokens(tokenizer) -> dict[str, int]:
+    """Added tokens that are text to the model (the protocol's tags in the tiny tokenizer), not control tokens."""
+    dec = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return {t.content: int(i) for i, t in dec.items() if not t.special}
+
+
+class ScoringConstraint:
+    """Per-trajectory turn grammars for :func:`~score_lightning.rollout.agent.run_agent` (one rubric and K each)."""
+
+    def __init__(self, dims: Sequence[str], num_reports: int, require_verification: bool = False,
+                 require_gap_analysis: bool = False, added_tokens: Mapping[str, int] | None = None):
+        args = (list(dims), int(num_reports))
+        rules = (require_verification, require_gap_analysis, added_tokens)
+        self._with_search = scoring_turn_grammar(*args, True, *rules)
+        self._final = scoring_turn_grammar(*args, False, *rules)
+
+    def turn_regex(self, can_search: bool) -> str:
+        """The turn's grammar (Lark, as llguidance and vLLM's ``guidance`` backend read it)."""
+        return self._with_search if can_search else self._final
+
+
+# ---------------------------------------------------------------------------------------------- HF engine
+_LL_TOKENIZERS: dict[tuple[int, int], Any] = {}
+
+
+def ll_tokenizer(tokenizer, n_vocab: int, eos_ids: Sequence[int]):
+    """llguidance's view of ``tokenizer`` with the model's vocabulary width (built once: ~1 s for 152k tokens)."""
+    key = (id(tokenizer), int(n_vocab))
+    if key not in _LL_TOKENIZERS:
+        try:
+            import llguidance.hf
+        except ImportError as exc:  # pragma: no cover - llguidance is a core dependency
+            raise ImportError("evaluator.constrained_scoring on the HF engine needs the llguidance package "
+                              "(pip install llguidance)") from exc
+        _LL_TOKENIZERS[key] = llguidance.hf.from_tokenizer(tokenizer, n_vocab=int(n_vocab), eos_token=list(eos_ids))
+    return _LL_TOKENIZERS[key]
+
+
+def _unpack(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``[B, ceil(V/32)]`` int32 bit words -> ``[B, V]`` bool (bit j of word w allows token 32w + j)."""
+    bits = torch.arange(32, dtype=torch.int32)
+    allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).bool().reshape(bitmask.shape[0], -1)
+    return allowed[:, :vocab]
+
+
+class RegexLogitsProcessor:
+    """HF ``generate`` logits processor holding each row to its regular expression (``None``: free).
+
+    Rows are left-padded to ``prompt_width``; at each step the processor feeds the row's matcher
+    the token sampled last, then masks every token the expression cannot continue with. A row
+    whose grammar is complete may only end (EOS); one whose matcher failed, which happens only once
+    ``generate`` pads a finished row, is left alone.
+    The mask must act before temperature and top-p (the engine orders them), or top-p could
+    remove every allowed token.
+    """
+
+    def __init__(self, regexes: Sequence[str | None], tokenizer, eos_ids: Sequence[int], prompt_width: int):
+        import llguidance
+
+        self.regexes, self.tokenizer, self.eos_ids = list(regexes), tokenizer, list(eos_ids)
+        self.width = prompt_width
+        self.matchers: list[Any] | None = None
+        self._llm = llguidance
+
+    def _start(self, vocab: int) -> None:
+        tok = ll_tokenizer(self.tokenizer, vocab, self.eos_ids)
+        self.matchers = []
+        for rx in self.regexes:
+            if rx is None:
+                self.matchers.append(None)
+                continue
+            m = self._llm.LLMatcher(tok, self._llm.LLMatcher.grammar_from_lark(rx), log_level=0)
+            if m.is_error():
+                raise ValueError(f"constrained scoring: bad grammar: {m.get_error()}")
+            self.matchers.append(m)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
+
+        vocab = scores.shape[-1]
+        if self.matchers is None:
+            self._start(vocab)
+        generated = input_ids.shape[1] - self.width
+        rows = []
+        for i, m in enumerate(self.matchers):
+            if m is None or m.is_error():
+                continue
+            if generated > 0:
+                m.consume_token(int(input_ids[i, -1]))  # after the row's EOS (padding) this errs: the row is done
+                if m.is_error():
+                    continue
+            rows.append(i)  # a finished grammar (stopped) allows only EOS
+        if not rows:
+            return scores
+        bitmask = allocate_token_bitmask(len(rows), vocab)
+        for j, i in enumerate(rows):
+            fill_next_token_bitmask(self.matchers[i], bitmask, j)
+        allowed = _unpack(bitmask, vocab).to(scores.device)
+        idx = torch.tensor(rows, device=scores.device)
+        scores[idx] = scores[idx].masked_fill(~allowed, float("-inf"))
+        return scores

@@ -1,0 +1,103 @@
+"""Constrained scoring (``evaluator.constrained_scoring``): the grammar accepts exactly what the parser calls
+valid, a random model held to it writes parseable evaluations, and the packaged cold start scores every
+report at the first RL step of ``tiny_score`` (seed 1)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import llguidance
+import pytest
+import torch
+
+from helpers import ROOT, read_scalars
+from score_lightning.roles.evaluation import parse_evaluation
+from score_lightning.roles.rubric import Rubric
+from score_lightning.rollout.constrained import ScoringConstraint, ll_tokenizer, text_added_tokens
+from score_lightning.rollout.engine import SamplingParams
+from score_lightning.rollout.hf_engine import HFEngine
+
+DIMS = ("factual_support", "citation_grounding")
+RUBRIC = Rubric(DIMS, (0.6, 0.4))
+
+VALID = ('<report_evaluations><report id="1"><verification>[json.dumps] found by search.</verification>'
+         '<gap_analysis>Misses json.loads.</gap_analysis><scores><score dim="factual_support" value="7" reason="good"/>'
+         '<score dim="citation_grounding" value="10"/></scores></report>\n<report id="2"><scores>'
+         '<score dim="factual_support" value="0" reason="missing"/><score dim="citation_grounding" value="3"/>'
+         '</scores></report></report_evaluations>')
+INVALID = {
+    "a dimension the rubric does not have": VALID.replace('dim="citation_grounding" value="10"', 'dim="insight" value="10"'),
+    "a value above 10": VALID.replace('value="10"', 'value="11"'),
+    "a missing report": VALID.split("\n")[0] + "</report_evaluations>",
+    "dimensions out of order": VALID.replace('<score dim="factual_support" value="7" reason="good"/>'
+                                             '<score dim="citation_grounding" value="10"/>',
+                                             '<score dim="citation_grounding" value="10"/>'
+                                             '<score dim="factual_support" value="7" reason="good"/>'),
+}
+
+
+def _accepts(tok, grammar: str, text: str) -> bool:
+    m = llguidance.LLMatcher(ll_tokenizer(tok, len(tok), [tok.eos_token_id]),
+                             llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
+    for t in tok(text, add_special_tokens=False)["input_ids"]:
+        m.consume_token(t)
+        if m.is_error():
+            return False
+    return m.is_accepting()
+
+
+@pytest.mark.parametrize("which", ["tokenizer", "qwen_tokenizer"])
+def test_grammar_accepts_what_the_parser_calls_valid(which, request):
+    tok = request.getfixturevalue(which)  # tiny: tags are added tokens; Qwen2.5: tags are plain BPE text
+    c = ScoringConstraint(DIMS, 2, added_tokens=text_added_tokens(tok))
+    assert parse_evaluation(VALID, RUBRIC, 2).valid
+    assert _accepts(tok, c.turn_regex(True), VALID) and _accepts(tok, c.turn_regex(False), VALID)
+    assert _accepts(tok, c.turn_regex(True), "<think>Check.</think><search>json dumps</search>")
+    assert not _accepts(tok, c.turn_regex(False), "<search>json dumps</search>")  # the budget is spent: finish only
+    for why, text in INVALID.items():
+        assert not _accepts(tok, c.turn_regex(True), text), why
+    # the process rules: a required section must be there and non-empty
+    strict = ScoringConstraint(DIMS, 2, require_verification=True, added_tokens=text_added_tokens(tok))
+    assert not _accepts(tok, strict.turn_regex(False), VALID)  # report 2 has no <verification>
+    assert not parse_evaluation(VALID, RUBRIC, 2, require_verification=True).valid
+
+
+def test_random_model_held_to_the_grammar_writes_valid_evaluations(tiny_ckpt, tokenizer):
+    """A random-weight model never writes the XML by itself; constrained, every row parses, under its own rubric."""
+    from score_lightning.models import load_policy
+
+    torch.manual_seed(0)
+    model = load_policy(tiny_ckpt)
+    engine = HFEngine(lambda: model, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer)
+    rubrics = [RUBRIC, Rubric(("insight", "conciseness", "factual_support"), (0.3, 0.3, 0.4))]
+    added = text_added_tokens(tokenizer)
+    prompts = [tokenizer("Score the reports.", add_special_tokens=False)["input_ids"],
+               tokenizer("Judge them, please.", add_special_tokens=False)["input_ids"]]
+    free = engine.generate(prompts, SamplingParams(200, temperature=1.0))
+    assert not any(parse_evaluation(tokenizer.decode(g.token_ids), r, 2).valid for g, r in zip(free, rubrics))
+    regexes = tuple(ScoringConstraint(r.dims, 2, added_tokens=added).turn_regex(False) for r in rubrics)
+    # top_p < 1 and T != 1: the mask acts before the warpers, so nothing allowed is cut to an empty support
+    gens = engine.generate(prompts, SamplingParams(1500, temperature=0.7, top_p=0.9, regexes=regexes))
+    for g, r in zip(gens, rubrics):
+        ev = parse_evaluation(tokenizer.decode(g.token_ids), r, 2)
+        assert g.finish_reason == "stop" and ev.valid, (ev.error, tokenizer.decode(g.token_ids)[-300:])
+        assert g.logprobs is not None and len(g.logprobs) == len(g.token_ids)
+    with pytest.raises(ValueError, match="regexes for"):
+        engine.generate(prompts, SamplingParams(10, regexes=regexes[:1]))
+
+
+def test_packaged_cold_start_scores_every_report_at_the_first_step(tmp_path, cache_dir):
+    """The acceptance reading: ``evaluator/scoring_valid_rate`` at the first RL step of tiny_score, seed 1."""
+    out = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.run([sys.executable, "src/train.py", "experiment=tiny_score", "seed=1", "trainer.max_steps=1",
+                           f"paths.cache_dir={cache_dir}", f"paths.output_dir={out}", "trainer.enable_progress_bar=false"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    s = read_scalars(out / "tensorboard")
+    assert s["sft/summary/cache_hit"][-1][1] == 1.0  # the packaged cold start, not a fresh one
+    assert s["evaluator/scoring_valid_rate"][0] == (0, 1.0)
+    assert s["evaluator/report_scores_valid_rate"][0][1] == 1.0
+    assert s["solver/reward_score_part"][0][1] > 0
