@@ -53,14 +53,14 @@ def test_grammar_accepts_what_the_parser_calls_valid(which, request):
     tok = request.getfixturevalue(which)  # tiny: tags are added tokens; Qwen2.5: tags are plain BPE text
     c = ScoringConstraint(DIMS, 2, added_tokens=text_added_tokens(tok))
     assert parse_evaluation(VALID, RUBRIC, 2).valid
-    assert _accepts(tok, c.turn_regex(True), VALID) and _accepts(tok, c.turn_regex(False), VALID)
-    assert _accepts(tok, c.turn_regex(True), "<think>Check.</think><search>json dumps</search>")
-    assert not _accepts(tok, c.turn_regex(False), "<search>json dumps</search>")  # the budget is spent: finish only
+    assert _accepts(tok, c.turn_grammar(True), VALID) and _accepts(tok, c.turn_grammar(False), VALID)
+    assert _accepts(tok, c.turn_grammar(True), "<think>Check.</think><search>json dumps</search>")
+    assert not _accepts(tok, c.turn_grammar(False), "<search>json dumps</search>")  # the budget is spent: finish only
     for why, text in INVALID.items():
-        assert not _accepts(tok, c.turn_regex(True), text), why
+        assert not _accepts(tok, c.turn_grammar(True), text), why
     # the process rules: a required section must be there and non-empty
     strict = ScoringConstraint(DIMS, 2, require_verification=True, added_tokens=text_added_tokens(tok))
-    assert not _accepts(tok, strict.turn_regex(False), VALID)  # report 2 has no <verification>
+    assert not _accepts(tok, strict.turn_grammar(False), VALID)  # report 2 has no <verification>
     assert not parse_evaluation(VALID, RUBRIC, 2, require_verification=True).valid
 
 
@@ -77,15 +77,15 @@ def test_random_model_held_to_the_grammar_writes_valid_evaluations(tiny_ckpt, to
                tokenizer("Judge them, please.", add_special_tokens=False)["input_ids"]]
     free = engine.generate(prompts, SamplingParams(200, temperature=1.0))
     assert not any(parse_evaluation(tokenizer.decode(g.token_ids), r, 2).valid for g, r in zip(free, rubrics))
-    regexes = tuple(ScoringConstraint(r.dims, 2, added_tokens=added).turn_regex(False) for r in rubrics)
+    grammars = tuple(ScoringConstraint(r.dims, 2, added_tokens=added).turn_grammar(False) for r in rubrics)
     # top_p < 1 and T != 1: the mask acts before the warpers, so nothing allowed is cut to an empty support
-    gens = engine.generate(prompts, SamplingParams(1500, temperature=0.7, top_p=0.9, regexes=regexes))
+    gens = engine.generate(prompts, SamplingParams(1500, temperature=0.7, top_p=0.9, grammars=grammars))
     for g, r in zip(gens, rubrics):
         ev = parse_evaluation(tokenizer.decode(g.token_ids), r, 2)
         assert g.finish_reason == "stop" and ev.valid, (ev.error, tokenizer.decode(g.token_ids)[-300:])
         assert g.logprobs is not None and len(g.logprobs) == len(g.token_ids)
-    with pytest.raises(ValueError, match="regexes for"):
-        engine.generate(prompts, SamplingParams(10, regexes=regexes[:1]))
+    with pytest.raises(ValueError, match="grammars for"):
+        engine.generate(prompts, SamplingParams(10, grammars=grammars[:1]))
 
 
 def test_packaged_cold_start_scores_every_report_at_the_first_step(tmp_path, cache_dir):

@@ -151,3 +151,10 @@ def test_train_with_vllm_rollouts_logs_weight_sync(tmp_path):
     assert "time/rollout_s" in scalars and (out / "export" / "config.json").exists()
     if "rollout/logprob_diff" in scalars:  # logged once ScoreModule.solver_update computes it
         assert all(0 <= v < 0.05 for _, v in scalars["rollout/logprob_diff"]), scalars["rollout/logprob_diff"]
+
+
+def test_constrained_scoring_grammar(engine, hf_model, tokenizer):
+    from vllm_fixtures import check_constrained_scoring
+
+    engine.sync_weights(iter_full_params(hf_model))
+    check_constrained_scoring(engine, tokenizer)  # the tiny tokenizer: tags are added tokens (<[id]> in the grammar)

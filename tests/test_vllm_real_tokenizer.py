@@ -67,3 +67,10 @@ def test_every_end_of_turn_id_ends_the_turn(engine, hf_model, qwen_tokenizer):
 def test_greedy_matches_hf_after_weight_sync(engine, hf_model, qwen_tokenizer):
     prompts = [chat_prompt(qwen_tokenizer, q) for q in ("How does json.dumps work?", "Explain heapq.", "naïve café ü")]
     check_greedy_matches_hf_after_sync(engine, hf_model, qwen_tokenizer, prompts, 12)
+
+
+def test_constrained_scoring_grammar_on_plain_text_tags(engine, hf_model, qwen_tokenizer):
+    from vllm_fixtures import check_constrained_scoring
+
+    engine.sync_weights(iter_full_params(hf_model))
+    check_constrained_scoring(engine, qwen_tokenizer)  # Qwen2.5: tags are ordinary BPE text in the grammar

@@ -84,3 +84,24 @@ def check_greedy_matches_hf_after_sync(engine, model, tokenizer, prompts: list[l
     assert all(a != b for a, b in zip(before, [g.token_ids for g in after_vllm]))
     for gv, gh in zip(after_vllm, after_hf):
         assert max(abs(a - b) for a, b in zip(gv.logprobs, gh.logprobs)) < 1e-4
+
+
+def check_constrained_scoring(engine, tokenizer) -> None:
+    """Held to constrained scoring's grammar, a random-weight model writes evaluations that parse, each under its
+    own rubric; unconstrained it does not (``evaluator.constrained_scoring`` on the vLLM engine)."""
+    from score_lightning.roles.evaluation import parse_evaluation
+    from score_lightning.roles.rubric import Rubric
+    from score_lightning.rollout.constrained import ScoringConstraint, text_added_tokens
+    from score_lightning.rollout.engine import SamplingParams
+
+    rubrics = [Rubric(("factual_support", "citation_grounding"), (0.6, 0.4)),
+               Rubric(("insight", "conciseness", "factual_support"), (0.3, 0.3, 0.4))]
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in ("Score the reports.", "Judge them.")]
+    free = engine.generate(prompts, SamplingParams(200, temperature=1.0))
+    assert not any(parse_evaluation(tokenizer.decode(g.token_ids), r, 2).valid for g, r in zip(free, rubrics))
+    added = text_added_tokens(tokenizer)
+    grammars = tuple(ScoringConstraint(r.dims, 2, added_tokens=added).turn_grammar(False) for r in rubrics)
+    gens = engine.generate(prompts, SamplingParams(1500, temperature=0.7, top_p=0.9, grammars=grammars))
+    for g, r in zip(gens, rubrics):
+        ev = parse_evaluation(tokenizer.decode(g.token_ids), r, 2)
+        assert g.finish_reason == "stop" and ev.valid, (ev.error, tokenizer.decode(g.token_ids)[-300:])

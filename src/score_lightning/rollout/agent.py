@@ -44,9 +44,9 @@ class AgentConfig:
 
 
 class TurnConstraint(Protocol):
-    """What a constrained trajectory gives the loop: the expression of its next turn."""
+    """What a constrained trajectory gives the loop: the grammar of its next turn."""
 
-    def turn_regex(self, can_search: bool) -> str: ...
+    def turn_grammar(self, can_search: bool) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def run_agent(
 ) -> list[Trajectory]:
     """Roll out every prompt to completion; returns one :class:`Trajectory` per prompt, in order.
 
-    ``constraints`` (one per prompt, ``None``: free) give each turn a regular expression its text must
+    ``constraints`` (one per prompt, ``None``: free) give each turn a grammar its text must
     match, depending on whether a search is still allowed (:mod:`~score_lightning.rollout.constrained`).
     """
     trajs = [Trajectory(prompt_ids=list(p), meta=dict(metas[i]) if metas else {}) for i, p in enumerate(prompts)]
@@ -130,13 +130,13 @@ def run_agent(
                     engine.generate([], SamplingParams(max_new_tokens=1, stop_token_ids=stops.token_ids))
                 continue
             budget = max(cfg.max_response_tokens - len(trajs[i].response_ids) for i in group)
-            regexes = ()
+            grammars = ()
             if constraints is not None and any(c is not None for c in constraints):
                 searching = stops is search_stops
-                regexes = tuple(None if constraints[i] is None else constraints[i].turn_regex(searching) for i in group)
+                grammars = tuple(None if constraints[i] is None else constraints[i].turn_grammar(searching) for i in group)
             params = SamplingParams(
                 max_new_tokens=budget, temperature=cfg.temperature, top_p=cfg.top_p,
-                stop_token_ids=stops.token_ids, stop_strings=stops.strings, regexes=regexes,
+                stop_token_ids=stops.token_ids, stop_strings=stops.strings, grammars=grammars,
             )
             gens = engine.generate([trajs[i].prompt_ids + trajs[i].response_ids for i in group], params)
             for i, gen in zip(group, gens):

@@ -8,12 +8,12 @@ are never trained in SCORE (REINFORCE trains the rubric tokens), so constraining
 gradient. It only keeps the evaluator's *values* from being thrown away for a formatting slip. This
 is the structured-output decoding (vLLM ``structured_outputs``) that LLM judges commonly use.
 
-Each scoring turn is held to a regular expression: an optional ``<think>``, then either one
+Each scoring turn is held to a grammar (Lark, as llguidance reads it): an optional ``<think>``, then either one
 ``<search>query</search>`` (while the tool budget allows) or the complete ``<report_evaluations>``
 block with reports 1..K in order and one ``<score>`` per rubric dimension in rubric order. The
 model still chooses whether to search, what to search for, every value 0-10 and every free-text
-field. The engine applies the expression: HF through :class:`RegexLogitsProcessor` (llguidance
-masks), vLLM through its own ``structured_outputs``.
+field. The engine applies the grammar: HF through :class:`GrammarLogitsProcessor` (llguidance
+masks), vLLM through its ``structured_outputs`` with the ``guidance`` backend (the same library).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ class ScoringConstraint:
         self._with_search = scoring_turn_grammar(*args, True, *rules)
         self._final = scoring_turn_grammar(*args, False, *rules)
 
-    def turn_regex(self, can_search: bool) -> str:
+    def turn_grammar(self, can_search: bool) -> str:
         """The turn's grammar (Lark, as llguidance and vLLM's ``guidance`` backend read it)."""
         return self._with_search if can_search else self._final
 
@@ -153,21 +153,21 @@ def _unpack(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     return allowed[:, :vocab]
 
 
-class RegexLogitsProcessor:
-    """HF ``generate`` logits processor holding each row to its regular expression (``None``: free).
+class GrammarLogitsProcessor:
+    """HF ``generate`` logits processor holding each row to its grammar (``None``: free).
 
     Rows are left-padded to ``prompt_width``; at each step the processor feeds the row's matcher
-    the token sampled last, then masks every token the expression cannot continue with. A row
+    the token sampled last, then masks every token the grammar cannot continue with. A row
     whose grammar is complete may only end (EOS); one whose matcher failed, which happens only once
     ``generate`` pads a finished row, is left alone.
     The mask must act before temperature and top-p (the engine orders them), or top-p could
     remove every allowed token.
     """
 
-    def __init__(self, regexes: Sequence[str | None], tokenizer, eos_ids: Sequence[int], prompt_width: int):
+    def __init__(self, grammars: Sequence[str | None], tokenizer, eos_ids: Sequence[int], prompt_width: int):
         import llguidance
 
-        self.regexes, self.tokenizer, self.eos_ids = list(regexes), tokenizer, list(eos_ids)
+        self.grammars, self.tokenizer, self.eos_ids = list(grammars), tokenizer, list(eos_ids)
         self.width = prompt_width
         self.matchers: list[Any] | None = None
         self._llm = llguidance
@@ -175,7 +175,7 @@ class RegexLogitsProcessor:
     def _start(self, vocab: int) -> None:
         tok = ll_tokenizer(self.tokenizer, vocab, self.eos_ids)
         self.matchers = []
-        for rx in self.regexes:
+        for rx in self.grammars:
             if rx is None:
                 self.matchers.append(None)
                 continue

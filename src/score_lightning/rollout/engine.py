@@ -23,10 +23,10 @@ class SamplingParams:
     #: for tokenizers where a tag spans several tokens: stop once the text ends with one of these
     stop_strings: tuple[str, ...] = ()
     logprobs: bool = True
-    #: one regular expression per prompt that the generated text must match (``None``: free), or empty for
+    #: one Lark grammar per prompt that the generated text must match (``None``: free), or empty for
     #: none; the evaluator's constrained scoring (:mod:`score_lightning.rollout.constrained`). Logprobs stay
     #: those of the unconstrained distribution (scoring tokens are never trained).
-    regexes: tuple[str | None, ...] = ()
+    grammars: tuple[str | None, ...] = ()
 
 
 @dataclass

@@ -26,7 +26,7 @@ from transformers import (GenerationConfig, LogitsProcessorList, StoppingCriteri
                           TemperatureLogitsWarper, TopPLogitsWarper)
 
 from score_lightning.rollout.engine import Generation, SamplingParams
-from score_lightning.rollout.constrained import RegexLogitsProcessor
+from score_lightning.rollout.constrained import GrammarLogitsProcessor
 from score_lightning.rollout.stops import first_stop
 
 
@@ -61,14 +61,14 @@ class HFEngine:
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         out: list[Generation] = []
-        if params.regexes and len(params.regexes) != len(prompts):
-            raise ValueError(f"{len(params.regexes)} regexes for {len(prompts)} prompts")
+        if params.grammars and len(params.grammars) != len(prompts):
+            raise ValueError(f"{len(params.grammars)} grammars for {len(prompts)} prompts")
         step = self.max_batch_size
         chunks = [prompts[s:s + step] for s in range(0, len(prompts), step)]
-        if params.regexes:  # each chunk carries its own prompts' expressions
+        if params.grammars:  # each chunk carries its own prompts' grammars
             from dataclasses import replace
 
-            chunk_params = [replace(params, regexes=tuple(params.regexes[s:s + step]))
+            chunk_params = [replace(params, grammars=tuple(params.grammars[s:s + step]))
                             for s in range(0, len(prompts), step)]
         else:
             chunk_params = [params] * len(chunks)
@@ -106,9 +106,9 @@ class HFEngine:
         )
         if sample:
             kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
-        if any(r is not None for r in params.regexes):
+        if any(r is not None for r in params.grammars):
             # the mask must come before temperature and top-p (generate appends custom processors after its own)
-            procs = [RegexLogitsProcessor(params.regexes, self.tokenizer, self.eos_token_ids, width)]
+            procs = [GrammarLogitsProcessor(params.grammars, self.tokenizer, self.eos_token_ids, width)]
             if sample:
                 procs += [TemperatureLogitsWarper(params.temperature)] * (params.temperature != 1.0)
                 procs += [TopPLogitsWarper(params.top_p)] * (params.top_p < 1.0)

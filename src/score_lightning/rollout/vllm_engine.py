@@ -116,6 +116,8 @@ class VLLMEngine:
         )
         if torch.cuda.is_available():
             kwargs.update(gpu_memory_utilization=float(gpu_memory_utilization), enable_sleep_mode=self.sleep_enabled)
+        # constrained scoring's grammars are llguidance Lark (added tokens as <[id]>): its own backend reads them
+        kwargs["structured_outputs_config"] = {"backend": "guidance"}
         kwargs.update(llm_kwargs)
         t0 = time.perf_counter()
         # An in-process engine seeds the global RNGs (torch, numpy, random) with ``seed``; keep the
@@ -126,8 +128,9 @@ class VLLMEngine:
         log.info("vLLM engine for %s started in %.1f s", self.model_path, self.start_s)
 
     # ------------------------------------------------------------------ generation
-    def _vllm_params(self, params: SamplingParams, prompt_len: int, seed: int | None):
+    def _vllm_params(self, params: SamplingParams, prompt_len: int, seed: int | None, grammar: str | None = None):
         from vllm import SamplingParams as VSP
+        from vllm.sampling_params import StructuredOutputsParams
 
         room = self.max_model_len - prompt_len
         if room <= 0:
@@ -148,14 +151,13 @@ class VLLMEngine:
             detokenize=bool(params.stop_strings),
             skip_special_tokens=False,
             spaces_between_special_tokens=False,
+            # constrained scoring: the Lark grammar of this turn (llguidance, the engine's "guidance" backend)
+            structured_outputs=StructuredOutputsParams(grammar=grammar) if grammar is not None else None,
         )
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         if not prompts:
             return []
-        if any(r is not None for r in params.regexes):
-            raise NotImplementedError("evaluator.constrained_scoring is not wired to the vLLM engine yet: "
-                                      "set evaluator.constrained_scoring=false with rollout=vllm")
         self._ensure_awake()
         # Per-request seeds from torch's global generator: reproducible under seed_everything and resume.
         # (vLLM samples seeded requests with one generator each: a small per-step cost at large batch;
@@ -165,7 +167,10 @@ class VLLMEngine:
         else:
             seeds = [None] * len(prompts)
         requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
-        vparams = [self._vllm_params(params, len(p), s) for p, s in zip(prompts, seeds)]
+        if params.grammars and len(params.grammars) != len(prompts):
+            raise ValueError(f"{len(params.grammars)} grammars for {len(prompts)} prompts")
+        grammars = params.grammars or (None,) * len(prompts)
+        vparams = [self._vllm_params(params, len(p), s, g) for p, s, g in zip(prompts, seeds, grammars)]
         outputs = self.llm.generate(requests, vparams, use_tqdm=False)
         gens = []
         for out in outputs:
