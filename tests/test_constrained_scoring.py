@@ -101,3 +101,23 @@ def test_packaged_cold_start_scores_every_report_at_the_first_step(tmp_path, cac
     assert s["evaluator/scoring_valid_rate"][0] == (0, 1.0)
     assert s["evaluator/report_scores_valid_rate"][0][1] == 1.0
     assert s["solver/reward_score_part"][0][1] > 0
+
+
+def test_free_text_caps_come_from_the_config_and_are_validated(tokenizer):
+    from helpers import FAST, compose
+    from score_lightning.config_validation import ConfigError, validate_config
+    from score_lightning.step.rollouts import RolloutSettings
+
+    settings = RolloutSettings.from_cfg(compose(FAST))
+    assert settings.constrained_scoring and settings.constrained_max_chars["section"] == 120  # tiny_score's caps
+    added = text_added_tokens(tokenizer)
+    c = ScoringConstraint(DIMS, 2, added_tokens=added, max_chars={"section": 12})
+    short = VALID.replace("Misses json.loads.", "Misses json.")  # 12 characters: within a 12-character cap
+    assert _accepts(tokenizer, c.turn_grammar(False), short.replace("[json.dumps] found by search.", "ok"))
+    assert not _accepts(tokenizer, c.turn_grammar(False), short)  # its verification note is 29 characters
+    with pytest.raises(ValueError, match="unknown field"):
+        ScoringConstraint(DIMS, 2, max_chars={"notes": 5})
+    for bad in ("evaluator.constrained_max_chars.section=0", "+evaluator.constrained_max_chars.notes=5",
+                "evaluator.constrained_scoring=maybe"):
+        with pytest.raises(ConfigError, match="evaluator.constrained"):
+            validate_config(compose(FAST + [bad]))

@@ -75,6 +75,12 @@ def validate_config(cfg: DictConfig) -> None:
     c("evaluator.temperature", _num(0.0, lo_open=True), "a number > 0")
     if cfg.evaluator.get("scoring_temperature") is not None:
         c("evaluator.scoring_temperature", _num(0.0), "null or a number >= 0 (0: greedy)")
+    c("evaluator.constrained_scoring", *_BOOL)
+    for field in (cfg.evaluator.get("constrained_max_chars") or {}):
+        if field not in ("think", "query", "section", "reason"):
+            e.append(f"evaluator.constrained_max_chars.{field}: unknown field (think, query, section, reason)")
+        else:
+            c(f"evaluator.constrained_max_chars.{field}", _int(1), "an integer >= 1 (characters)")
     c("evaluator.max_rubric_tokens", _int(8), "an integer >= 8")
     c("evaluator.max_response_tokens", _int(8), "an integer >= 8")
     c("evaluator.max_tool_calls", _int(0, 10), "an integer in [0, 10]")

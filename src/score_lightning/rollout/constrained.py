@@ -27,85 +27,97 @@ import torch
 
 from score_lightning import protocol as P
 
-#: Longest free text per field, in characters. The cold-start demos stay well inside (queries are a
-#: few words, sections one short sentence, reasons one word); without a cap a small model can ramble
-#: in a free field until the turn's token budget ends and the evaluation is cut off.
-MAX_CHARS = {"think": 120, "query": 80, "section": 120, "reason": 24}
+#: Longest free text per field, in characters (``evaluator.constrained_max_chars``). Without a cap a
+#: small model can ramble in a free field until the turn's token budget ends and the evaluation is
+#: cut off; a real judge needs room for its notes, so the defaults are generous and ``tiny_score``
+#: tightens them to what its cold-start demos write (a few words per query, one short sentence per
+#: section, one word per reason).
+DEFAULT_MAX_CHARS = {"think": 2000, "query": 200, "section": 1000, "reason": 300}
 
 
-def _free(field: str, exclude: str = "<") -> tuple[str, str]:
-    """Free text of one field: no tag (``<``), at most :data:`MAX_CHARS` characters."""
-    return ("rx", f"[^{exclude}]{{1,{MAX_CHARS[field]}}}")
+class _Builder:
+    """Turns grammar pieces into Lark: ("lit", text) exact text, ("rx", expr) a regex, ("opt", pieces), ("alt", [..])."""
+
+    def __init__(self, max_chars: Mapping[str, int] | None, added: Mapping[str, int] | None):
+        self.max_chars = {**DEFAULT_MAX_CHARS, **(max_chars or {})}
+        bad = {k: v for k, v in self.max_chars.items() if k not in DEFAULT_MAX_CHARS or int(v) < 1}
+        if bad:
+            raise ValueError(f"evaluator.constrained_max_chars: unknown field or cap < 1: {bad} "
+                             f"(fields: {sorted(DEFAULT_MAX_CHARS)})")
+        self.added = dict(added or {})
+
+    def free(self, field: str, exclude: str = "<") -> tuple[str, str]:
+        """Free text of one field: no tag (``<``), at most ``max_chars[field]`` characters."""
+        return ("rx", f"[^{exclude}]{{1,{int(self.max_chars[field])}}}")
+
+    def section(self, open_tag: str, close_tag: str, required: bool) -> list:
+        """``<tag>text</tag>``: text may be empty unless the process rules require the section."""
+        cap = int(self.max_chars["section"])
+        body = [("rx", f"[^<\\s][^<]{{0,{cap - 1}}}")] if required else _opt([self.free("section")])
+        sec = [("lit", open_tag), *body, ("lit", close_tag)]
+        return sec if required else _opt(sec)
+
+    def evaluations(self, dims: Sequence[str], num_reports: int, require_verification: bool,
+                    require_gap_analysis: bool) -> list:
+        """The ``<report_evaluations>`` block :func:`~score_lightning.roles.evaluation.parse_evaluation` accepts
+        as valid for these dimensions and K (sections the rules require are non-empty)."""
+        out: list = [("lit", P.EVALS_OPEN)]
+        for i in range(1, num_reports + 1):
+            if i > 1:
+                out += _opt([("lit", "\n")])
+            out += [("lit", f'<report id="{i}">'), *self.section(P.VERIFICATION_OPEN, P.VERIFICATION_CLOSE, require_verification),
+                    *self.section(P.GAP_OPEN, P.GAP_CLOSE, require_gap_analysis), ("lit", P.SCORES_OPEN)]
+            for d in dims:
+                out += [("lit", f'<score dim="{d}" value="'), ("rx", "(10|[0-9])"), ("lit", '"'),
+                        *_opt([("lit", ' reason="'), *_opt([self.free("reason", '"<')]), ("lit", '"')]), ("lit", "/>")]
+            out += [("lit", P.SCORES_CLOSE), ("lit", P.REPORT_CLOSE)]
+        return out + [("lit", P.EVALS_CLOSE)]
+
+    def literal(self, text: str) -> str:
+        """``text`` in Lark: a tag the tokenizer holds as one added token becomes that token (``<[id]>``), since
+        llguidance matches added tokens only by id; the rest are quoted strings."""
+        if not self.added:
+            return json.dumps(text)
+        pattern = "|".join(re.escape(t) for t in sorted(self.added, key=len, reverse=True))
+        parts, pos = [], 0
+        for m in re.finditer(pattern, text):
+            if m.start() > pos:
+                parts.append(json.dumps(text[pos:m.start()]))
+            parts.append(f"<[{self.added[m.group(0)]}]>")
+            pos = m.end()
+        if pos < len(text):
+            parts.append(json.dumps(text[pos:]))
+        return " ".join(parts)
+
+    def lark(self, pieces: list) -> str:
+        out = []
+        for kind, val in pieces:
+            if kind == "lit":
+                out.append(self.literal(val))
+            elif kind == "rx":
+                out.append(f"/{val}/")
+            elif kind == "opt":
+                out.append(f"({self.lark(val)})?")
+            else:  # "alt": a list of alternatives
+                out.append("(" + " | ".join(self.lark(alt) for alt in val) + ")")
+        return " ".join(out)
 
 
 def _opt(pieces: list) -> list:
     return [("opt", pieces)]
 
 
-def _section(open_tag: str, close_tag: str, required: bool) -> list:
-    """``<tag>text</tag>``: text may be empty unless the process rules require the section."""
-    body = [("rx", f"[^<\\s][^<]{{0,{MAX_CHARS['section'] - 1}}}")] if required else _opt([_free("section")])
-    sec = [("lit", open_tag), *body, ("lit", close_tag)]
-    return sec if required else _opt(sec)
-
-
-def evaluations_pieces(dims: Sequence[str], num_reports: int, require_verification: bool = False,
-                       require_gap_analysis: bool = False) -> list:
-    """The ``<report_evaluations>`` block :func:`~score_lightning.roles.evaluation.parse_evaluation` accepts
-    as valid for these dimensions and K (sections the rules require are non-empty)."""
-    out: list = [("lit", P.EVALS_OPEN)]
-    for i in range(1, num_reports + 1):
-        if i > 1:
-            out += _opt([("lit", "\n")])
-        out += [("lit", f'<report id="{i}">'), *_section(P.VERIFICATION_OPEN, P.VERIFICATION_CLOSE, require_verification),
-                *_section(P.GAP_OPEN, P.GAP_CLOSE, require_gap_analysis), ("lit", P.SCORES_OPEN)]
-        for d in dims:
-            out += [("lit", f'<score dim="{d}" value="'), ("rx", "(10|[0-9])"), ("lit", '"'),
-                    *_opt([("lit", ' reason="'), *_opt([_free("reason", '"<')]), ("lit", '"')]), ("lit", "/>")]
-        out += [("lit", P.SCORES_CLOSE), ("lit", P.REPORT_CLOSE)]
-    return out + [("lit", P.EVALS_CLOSE)]
-
-
-def _lark_literal(text: str, added: Mapping[str, int]) -> str:
-    """``text`` in Lark: a tag the tokenizer holds as one added token becomes that token (``<[id]>``), since
-    llguidance matches added tokens only by id; the rest are quoted strings."""
-    if not added:
-        return json.dumps(text)
-    pattern = "|".join(re.escape(t) for t in sorted(added, key=len, reverse=True))
-    parts, pos = [], 0
-    for m in re.finditer(pattern, text):
-        if m.start() > pos:
-            parts.append(json.dumps(text[pos:m.start()]))
-        parts.append(f"<[{added[m.group(0)]}]>")
-        pos = m.end()
-    if pos < len(text):
-        parts.append(json.dumps(text[pos:]))
-    return " ".join(parts)
-
-
-def _lark(pieces: list, added: Mapping[str, int]) -> str:
-    out = []
-    for kind, val in pieces:
-        if kind == "lit":
-            out.append(_lark_literal(val, added))
-        elif kind == "rx":
-            out.append(f"/{val}/")
-        elif kind == "opt":
-            out.append(f"({_lark(val, added)})?")
-        else:  # "alt": a list of alternatives
-            out.append("(" + " | ".join(_lark(alt, added) for alt in val) + ")")
-    return " ".join(out)
-
-
 def scoring_turn_grammar(dims: Sequence[str], num_reports: int, allow_search: bool, require_verification: bool = False,
-                         require_gap_analysis: bool = False, added_tokens: Mapping[str, int] | None = None) -> str:
+                         require_gap_analysis: bool = False, added_tokens: Mapping[str, int] | None = None,
+                         max_chars: Mapping[str, int] | None = None) -> str:
     """One scoring turn as a Lark grammar: optional think, then a search call (when ``allow_search``) or the
     evaluations block. ``added_tokens``: the tokenizer's non-special added tokens (text -> id)."""
-    think = _opt([("lit", P.THINK_OPEN), *_opt([_free("think")]), ("lit", P.THINK_CLOSE)])
-    evals = evaluations_pieces(dims, num_reports, require_verification, require_gap_analysis)
-    body = [("alt", [[("lit", P.SEARCH_OPEN), _free("query", "<\\n"), ("lit", P.SEARCH_CLOSE)], evals])] if allow_search \
-        else evals
-    return "start: " + _lark([*think, *body], added_tokens or {})
+    b = _Builder(max_chars, added_tokens)
+    think = _opt([("lit", P.THINK_OPEN), *_opt([b.free("think")]), ("lit", P.THINK_CLOSE)])
+    evals = b.evaluations(dims, num_reports, require_verification, require_gap_analysis)
+    body = [("alt", [[("lit", P.SEARCH_OPEN), b.free("query", "<\\n"), ("lit", P.SEARCH_CLOSE)], evals])] \
+        if allow_search else evals
+    return "start: " + b.lark([*think, *body])
 
 
 def text_added_tokens(tokenizer) -> dict[str, int]:
@@ -118,9 +130,10 @@ class ScoringConstraint:
     """Per-trajectory turn grammars for :func:`~score_lightning.rollout.agent.run_agent` (one rubric and K each)."""
 
     def __init__(self, dims: Sequence[str], num_reports: int, require_verification: bool = False,
-                 require_gap_analysis: bool = False, added_tokens: Mapping[str, int] | None = None):
+                 require_gap_analysis: bool = False, added_tokens: Mapping[str, int] | None = None,
+                 max_chars: Mapping[str, int] | None = None):
         args = (list(dims), int(num_reports))
-        rules = (require_verification, require_gap_analysis, added_tokens)
+        rules = (require_verification, require_gap_analysis, added_tokens, max_chars)
         self._with_search = scoring_turn_grammar(*args, True, *rules)
         self._final = scoring_turn_grammar(*args, False, *rules)
 

@@ -27,6 +27,7 @@ from score_lightning.rollout.engine import SamplingParams
 from score_lightning.rollout.hf_engine import HFEngine
 from score_lightning.rollout.chat import encode_chat, truncate_text
 from score_lightning.sft.demo_types import DemoBudgets
+from score_lightning.step.rollouts import constrained_max_chars
 
 
 def probe_policy(model, tokenizer, retriever, cfg: DictConfig, n_rubric: int, n_solver: int, seed: int = 0,
@@ -102,8 +103,9 @@ def probe_policy(model, tokenizer, retriever, cfg: DictConfig, n_rubric: int, n_
                 cons = None
                 if bool(cfg.evaluator.get("constrained_scoring", False)):  # as RL scores (evaluator.constrained_scoring)
                     added = text_added_tokens(tokenizer)
-                    cons = [ScoringConstraint(rubric.dims, K, pc.require_verification, pc.require_gap_analysis, added)
-                            for _ in sprompts]
+                    caps = constrained_max_chars(cfg)
+                    cons = [ScoringConstraint(rubric.dims, K, pc.require_verification, pc.require_gap_analysis, added,
+                                              caps) for _ in sprompts]
                 strajs = run_agent(engine, tokenizer, sprompts, retriever, eval_cfg, constraints=cons)
                 evs = [parse_evaluation(t.model_text(tokenizer), rubric, K, require_verification=pc.require_verification,
                                         require_gap_analysis=pc.require_gap_analysis) for t in strajs]

@@ -40,6 +40,7 @@ class RolloutSettings:
     agent: str = "react"  # solver.agent: react (one ReAct loop) | mams (search / state / report roles)
     mams: MamsConfig | None = None  # solver.mams.* budgets (solver.agent=mams)
     constrained_scoring: bool = False  # evaluator.constrained_scoring: scoring turns held to the rubric's XML
+    constrained_max_chars: dict | None = None  # evaluator.constrained_max_chars: caps of its free-text fields
 
     @classmethod
     def from_cfg(cls, cfg) -> "RolloutSettings":
@@ -57,7 +58,13 @@ class RolloutSettings:
         agent = str(s.get("agent", "react"))
         return cls(int(s.num_rollouts), int(s.max_prompt_tokens), solver, scoring, int(e.max_report_tokens),
                    bool(s.get("conclusion_line", True)), agent, MamsConfig.from_cfg(cfg) if agent == "mams" else None,
-                   bool(e.get("constrained_scoring", False)))
+                   bool(e.get("constrained_scoring", False)), constrained_max_chars(cfg))
+
+
+def constrained_max_chars(cfg) -> dict[str, int] | None:
+    """``evaluator.constrained_max_chars`` as a plain dict (``None``: the grammar's defaults)."""
+    caps = cfg.evaluator.get("constrained_max_chars")
+    return {str(k): int(v) for k, v in caps.items()} if caps else None
 
 
 def scoring_temperature(cfg) -> float:
@@ -111,6 +118,6 @@ def scoring_rollouts(engine: RolloutEngine, tokenizer, retriever: Retriever, que
         prompts.append(encode_chat(tokenizer, scoring_messages(q, shown, rubric, state), settings.max_prompt_tokens))
         if settings.constrained_scoring:
             constraints.append(ScoringConstraint(rubric.dims, len(group), pc.require_verification,
-                                                 pc.require_gap_analysis, added))
+                                                 pc.require_gap_analysis, added, settings.constrained_max_chars))
     return run_agent(engine, tokenizer, prompts, retriever, settings.scoring,
                      constraints=constraints if settings.constrained_scoring else None)
