@@ -161,3 +161,22 @@ def test_stop_rules_for_tags_split_into_several_tokens(qwen_tokenizer):
     assert completed_tag(ids[:n], tok.decode, (P.SEARCH_CLOSE, P.ANSWER_CLOSE)) == (P.SEARCH_CLOSE, len(turn) - 1)
     assert completed_tag(ids[:n + 1], tok.decode, (P.SEARCH_CLOSE,)) is None  # completed before the last token
     assert completed_tag(ids[:n - 1], tok.decode, (P.SEARCH_CLOSE,)) is None  # not complete yet
+
+
+def test_sampled_logprobs_drop_the_synced_forwards_after_a_rank_finished():
+    """Under FSDP every rank runs ``generate`` with ``synced_gpus``: a rank that finished first keeps running
+    forwards (no new tokens) until all are done. The recorder keeps one column per real token."""
+    from types import SimpleNamespace
+
+    from score_lightning.rollout.hf_engine import _SampledLogprobs
+
+    torch.manual_seed(0)
+    logits = [torch.randn(2, 7) for _ in range(5)]
+    tokens = torch.tensor([[3, 1, 4], [2, 6, 5]])  # 3 real tokens, then 2 synced forwards that add none
+    rec = _SampledLogprobs(temperature=1.0)
+    inputs = [torch.tensor([[9], [9]])] + [tokens[:, j:j + 1] for j in range(3)] + [tokens[:, 2:3]]
+    for step, ids in enumerate(inputs):
+        rec(None, (), {"input_ids": ids}, SimpleNamespace(logits=logits[step].unsqueeze(1)))
+    got = rec.finish(tokens)
+    want = torch.stack([torch.log_softmax(logits[j], -1).gather(-1, tokens[:, j:j + 1]).squeeze(-1) for j in range(3)], 1)
+    assert got.shape == (2, 3) and torch.allclose(got, want)

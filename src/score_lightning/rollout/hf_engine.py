@@ -207,8 +207,11 @@ class _SampledLogprobs:
         self.prev = torch.log_softmax(logits, dim=-1)  # a new tensor: later in-place processors cannot touch it
 
     def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
-        if self.prev is not None:
+        """One column per new token. Under ``synced_gpus`` a rank that finished first keeps running forwards
+        until every rank is done; those come after its last token and their columns are dropped."""
+        n = new_tokens.shape[1]
+        if self.prev is not None and len(self.cols) < n:
             self._take(new_tokens[:, len(self.cols)])
-        if len(self.cols) != new_tokens.shape[1]:
-            raise RuntimeError(f"recorded {len(self.cols)} decoding steps for {new_tokens.shape[1]} new tokens")
-        return torch.stack(self.cols, dim=1).cpu()
+        if len(self.cols) < n:
+            raise RuntimeError(f"recorded {len(self.cols)} decoding steps for {n} new tokens")
+        return torch.stack(self.cols[:n], dim=1).cpu()
