@@ -1,0 +1,129 @@
+#!/usr/bin/env python
+"""Do the evaluator's scores carry signal? Sample step-like evaluations from a checkpoint and measure.
+
+    python scripts/probe_scoring.py                                   # the packaged tiny_score cold start
+    python scripts/probe_scoring.py --model logs/run/export --groups 40 evaluator.constrained_scoring=false
+
+Each group is one step of one query, sampled as RL samples it: a rubric from the rubric prompt (the
+harness's initial state and the scheduler's first hints; the fallback rubric if it does not parse),
+K solver rollouts with the retriever, and one scoring rollout over the K reports, constrained or not
+as the config says. Reported: how many evaluations and single reports parse, and whether the
+rubric-weighted scores separate valid reports (a(r) = 1) from invalid ones, and reports whose
+citations were all retrieved from the others. Each separation is a difference of means with a
+95% bootstrap interval over reports. The last line is ``key=value`` pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+
+def _compose(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose(config_name="train", overrides=overrides)
+
+
+def _gap(yes: np.ndarray, no: np.ndarray, rng: np.random.Generator) -> tuple[float, float, float]:
+    """Difference of means and its 95% bootstrap interval (nan when a side is empty)."""
+    if len(yes) == 0 or len(no) == 0:
+        return float("nan"), float("nan"), float("nan")
+    boots = [rng.choice(yes, len(yes)).mean() - rng.choice(no, len(no)).mean() for _ in range(2000)]
+    lo, hi = np.percentile(boots, [2.5, 97.5])
+    return float(yes.mean() - no.mean()), float(lo), float(hi)
+
+
+def main() -> int:
+    from omegaconf import OmegaConf
+
+    from score_lightning import protocol as P
+    from score_lightning.data.queries import load_queries
+    from score_lightning.harness.scheduler import DimensionScheduler
+    from score_lightning.harness.state import HarnessState
+    from score_lightning.models import load_policy, load_tokenizer
+    from score_lightning.retrieval.from_config import retriever_from_config
+    from score_lightning.roles.answer import parse_answer
+    from score_lightning.roles.evaluation import parse_evaluation
+    from score_lightning.roles.prompts import rubric_messages
+    from score_lightning.roles.rubric import fallback_rubric, parse_rubric
+    from score_lightning.rollout.agent import TagStops
+    from score_lightning.rollout.chat import encode_chat
+    from score_lightning.rollout.engine import SamplingParams
+    from score_lightning.rollout.hf_engine import HFEngine
+    from score_lightning.sft.asset import ASSET_DIR
+    from score_lightning.step.rollouts import RolloutSettings, scoring_rollouts, solver_rollouts
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=str(ASSET_DIR), help="checkpoint directory (default: the packaged cold start)")
+    ap.add_argument("--groups", type=int, default=40, help="step-like groups (one query, K reports, one evaluation)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides (default experiment=tiny_score)")
+    args = ap.parse_args()
+    cfg = _compose(["experiment=tiny_score", *args.overrides])
+    tok = load_tokenizer(args.model)
+    model = load_policy(args.model, "float32").eval()
+    retriever = retriever_from_config(cfg.retriever, cfg.paths.cache_dir)
+    settings = RolloutSettings.from_cfg(cfg)
+    rng = random.Random(args.seed)
+    torch.manual_seed(args.seed)
+    queries = [q.prompt for q in load_queries(cfg.data.get("queries_path"), cfg.data.get("split", "train"))]
+    state = HarnessState.from_dict(OmegaConf.to_container(cfg.harness.initial_state, resolve=True))
+    sched = DimensionScheduler(list(state.dimension_pool))
+    engine = HFEngine(lambda: model, tok.pad_token_id, tok.eos_token_id, tok, 64)
+
+    prompts = [encode_chat(tok, rubric_messages(rng.sample(queries, int(cfg.data.batch_size)), state, sched.required(),
+                                                sched.avoided(), sched.explore())) for _ in range(args.groups)]
+    stops = TagStops(tok, [P.DIMENSIONS_CLOSE])
+    gens = engine.generate(prompts, SamplingParams(int(cfg.evaluator.max_rubric_tokens), float(cfg.evaluator.temperature),
+                                                   stop_token_ids=stops.token_ids, stop_strings=stops.strings))
+    parses = [parse_rubric(tok.decode(g.token_ids), state) for g in gens]
+    rubrics = [p.rubric if p.valid else fallback_rubric(state) for p in parses]
+    group_queries = [rng.choice(queries) for _ in range(args.groups)]
+    trajs = solver_rollouts(engine, tok, retriever, group_queries, rubrics, state, settings)
+    answers = [parse_answer(t.model_text(tok), t.truncated, require_citation=bool(cfg.reward.require_citation),
+                            min_chars=int(cfg.reward.min_answer_chars)) for t in trajs]
+    K = settings.num_rollouts
+    reports = [[a.answer if a.answer else None for a in answers[g * K:(g + 1) * K]] for g in range(args.groups)]  # as RL
+    scoring = scoring_rollouts(engine, tok, retriever, group_queries, reports, rubrics, state, settings)
+
+    evals, rows = [], []
+    for g, st in enumerate(scoring):
+        ev = parse_evaluation(st.model_text(tok), rubrics[g], K)
+        evals.append(ev)
+        matrix = ev.score_matrix(rubrics[g], K)
+        for k in range(K):
+            a, t = answers[g * K + k], trajs[g * K + k]
+            cited_ok = bool(a.cited_ids) and all(c in t.retrieved_ids for c in a.cited_ids)
+            rep = ev.reports.get(k + 1)
+            if rep is not None and rep.valid:
+                rows.append((a.valid, cited_ok, sum(w * s for w, s in zip(rubrics[g].weights, matrix[k]))))
+    brng = np.random.default_rng(args.seed)
+    score = np.array([r[2] for r in rows])
+    valid = np.array([r[0] for r in rows], dtype=bool)
+    cited = np.array([r[1] for r in rows], dtype=bool)
+    gv, gv_lo, gv_hi = _gap(score[valid], score[~valid], brng)
+    gc, gc_lo, gc_hi = _gap(score[cited], score[~cited], brng)
+    n_reports = args.groups * K
+    print(f"groups {args.groups} (K={K}), rubrics sampled valid {np.mean([p.valid for p in parses]):.2f}, "
+          f"answers valid {np.mean([a.valid for a in answers]):.2f}, "
+          f"constrained scoring {settings.constrained_scoring}")
+    print(f"scored reports {len(rows)}/{n_reports}: valid {int(valid.sum())} mean {score[valid].mean() if valid.any() else float('nan'):.3f}, "
+          f"invalid {int((~valid).sum())} mean {score[~valid].mean() if (~valid).any() else float('nan'):.3f}")
+    print(f"scoring_valid_rate={np.mean([e.valid for e in evals]):.3f} report_valid_rate={len(rows) / n_reports:.3f} "
+          f"gap_valid={gv:+.3f} gap_valid_ci=[{gv_lo:+.3f},{gv_hi:+.3f}] "
+          f"gap_cited={gc:+.3f} gap_cited_ci=[{gc_lo:+.3f},{gc_hi:+.3f}]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
