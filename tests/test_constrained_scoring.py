@@ -77,7 +77,9 @@ def test_random_model_held_to_the_grammar_writes_valid_evaluations(tiny_ckpt, to
                tokenizer("Judge them, please.", add_special_tokens=False)["input_ids"]]
     free = engine.generate(prompts, SamplingParams(200, temperature=1.0))
     assert not any(parse_evaluation(tokenizer.decode(g.token_ids), r, 2).valid for g, r in zip(free, rubrics))
-    grammars = tuple(ScoringConstraint(r.dims, 2, added_tokens=added).turn_grammar(False) for r in rubrics)
+    caps = {"think": 120, "query": 80, "section": 120, "reason": 24}  # tiny_score's: the longest fits the budget
+    grammars = tuple(ScoringConstraint(r.dims, 2, added_tokens=added, max_chars=caps).turn_grammar(False)
+                     for r in rubrics)
     # top_p < 1 and T != 1: the mask acts before the warpers, so nothing allowed is cut to an empty support
     gens = engine.generate(prompts, SamplingParams(1500, temperature=0.7, top_p=0.9, grammars=grammars))
     for g, r in zip(gens, rubrics):

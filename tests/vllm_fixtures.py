@@ -100,7 +100,8 @@ def check_constrained_scoring(engine, tokenizer) -> None:
     free = engine.generate(prompts, SamplingParams(200, temperature=1.0))
     assert not any(parse_evaluation(tokenizer.decode(g.token_ids), r, 2).valid for g, r in zip(free, rubrics))
     added = text_added_tokens(tokenizer)
-    grammars = tuple(ScoringConstraint(r.dims, 2, added_tokens=added).turn_grammar(False) for r in rubrics)
+    caps = {"think": 120, "query": 80, "section": 120, "reason": 24}  # tiny_score's: the budget fits the longest
+    grammars = tuple(ScoringConstraint(r.dims, 2, added_tokens=added, max_chars=caps).turn_grammar(False) for r in rubrics)
     gens = engine.generate(prompts, SamplingParams(1500, temperature=0.7, top_p=0.9, grammars=grammars))
     for g, r in zip(gens, rubrics):
         ev = parse_evaluation(tokenizer.decode(g.token_ids), r, 2)
