@@ -23,6 +23,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import llguidance
+import llguidance.hf
 import torch
 
 from score_lightning import protocol as P
@@ -150,11 +152,6 @@ def ll_tokenizer(tokenizer, n_vocab: int, eos_ids: Sequence[int]):
     """llguidance's view of ``tokenizer`` with the model's vocabulary width (built once: ~1 s for 152k tokens)."""
     key = (id(tokenizer), int(n_vocab))
     if key not in _LL_TOKENIZERS:
-        try:
-            import llguidance.hf
-        except ImportError as exc:  # pragma: no cover - llguidance is a core dependency
-            raise ImportError("evaluator.constrained_scoring on the HF engine needs the llguidance package "
-                              "(pip install llguidance)") from exc
         _LL_TOKENIZERS[key] = llguidance.hf.from_tokenizer(tokenizer, n_vocab=int(n_vocab), eos_token=list(eos_ids))
     return _LL_TOKENIZERS[key]
 
@@ -178,28 +175,23 @@ class GrammarLogitsProcessor:
     """
 
     def __init__(self, grammars: Sequence[str | None], tokenizer, eos_ids: Sequence[int], prompt_width: int):
-        import llguidance
-
         self.grammars, self.tokenizer, self.eos_ids = list(grammars), tokenizer, list(eos_ids)
         self.width = prompt_width
         self.matchers: list[Any] | None = None
-        self._llm = llguidance
 
     def _start(self, vocab: int) -> None:
         tok = ll_tokenizer(self.tokenizer, vocab, self.eos_ids)
         self.matchers = []
-        for rx in self.grammars:
-            if rx is None:
+        for grammar in self.grammars:
+            if grammar is None:
                 self.matchers.append(None)
                 continue
-            m = self._llm.LLMatcher(tok, self._llm.LLMatcher.grammar_from_lark(rx), log_level=0)
+            m = llguidance.LLMatcher(tok, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
             if m.is_error():
                 raise ValueError(f"constrained scoring: bad grammar: {m.get_error()}")
             self.matchers.append(m)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
-
         vocab = scores.shape[-1]
         if self.matchers is None:
             self._start(vocab)
@@ -215,9 +207,9 @@ class GrammarLogitsProcessor:
             rows.append(i)  # a finished grammar (stopped) allows only EOS
         if not rows:
             return scores
-        bitmask = allocate_token_bitmask(len(rows), vocab)
-        for j, i in enumerate(rows):
-            fill_next_token_bitmask(self.matchers[i], bitmask, j)
+        # compute_bitmask, not llguidance.torch: importing that module costs ~2 s (it compiles a kernel) on every run
+        bitmask = torch.stack([torch.frombuffer(bytearray(self.matchers[i].compute_bitmask()), dtype=torch.int32)
+                               for i in rows])
         allowed = _unpack(bitmask, vocab).to(scores.device)
         idx = torch.tensor(rows, device=scores.device)
         scores[idx] = scores[idx].masked_fill(~allowed, float("-inf"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -19,15 +20,14 @@ from score_lightning.harness.scheduler import DimensionScheduler
 from score_lightning.harness.state import HarnessState
 from score_lightning.roles.answer import parse_answer
 from score_lightning.roles.evaluation import parse_evaluation
-from score_lightning.roles.prompts import rubric_messages, scoring_messages, solver_messages
+from score_lightning.roles.prompts import rubric_messages, solver_messages
 from score_lightning.roles.rubric import fallback_rubric, parse_rubric
 from score_lightning.rollout.agent import TagStops, run_agent
-from score_lightning.rollout.constrained import ScoringConstraint, text_added_tokens
 from score_lightning.rollout.engine import SamplingParams
 from score_lightning.rollout.hf_engine import HFEngine
-from score_lightning.rollout.chat import encode_chat, truncate_text
+from score_lightning.rollout.chat import encode_chat
 from score_lightning.sft.demo_types import DemoBudgets
-from score_lightning.step.rollouts import constrained_max_chars
+from score_lightning.step.rollouts import RolloutSettings, scoring_rollouts
 
 
 def probe_policy(model, tokenizer, retriever, cfg: DictConfig, n_rubric: int, n_solver: int, seed: int = 0,
@@ -94,19 +94,12 @@ def probe_policy(model, tokenizer, retriever, cfg: DictConfig, n_rubric: int, n_
             if n_sc > 0:
                 eval_cfg = b.scoring_agent()
                 eval_cfg = type(eval_cfg)(**{**eval_cfg.__dict__, "temperature": float(cfg.evaluator.temperature)})
-                sprompts = []
-                for g in range(n_sc):
-                    reps = [truncate_text(tokenizer, a.answer if a.answer else "(no report)", b.max_report_tokens)
-                            for a in answers[g * K:(g + 1) * K]]
-                    sprompts.append(encode_chat(tokenizer, scoring_messages(group_queries[g], reps, rubric, state)))
+                # the step's own scoring stage (prompts, report cuts, constrained scoring), at this probe's budgets
+                settings = replace(RolloutSettings.from_cfg(cfg), scoring=eval_cfg)
+                reports = [[a.answer if a.answer else None for a in answers[g * K:(g + 1) * K]] for g in range(n_sc)]
+                strajs = scoring_rollouts(engine, tokenizer, retriever, group_queries[:n_sc], reports, [rubric] * n_sc,
+                                          state, settings)
                 pc = state.process_constraints
-                cons = None
-                if bool(cfg.evaluator.get("constrained_scoring", False)):  # as RL scores (evaluator.constrained_scoring)
-                    added = text_added_tokens(tokenizer)
-                    caps = constrained_max_chars(cfg)
-                    cons = [ScoringConstraint(rubric.dims, K, pc.require_verification, pc.require_gap_analysis, added,
-                                              caps) for _ in sprompts]
-                strajs = run_agent(engine, tokenizer, sprompts, retriever, eval_cfg, constraints=cons)
                 evs = [parse_evaluation(t.model_text(tokenizer), rubric, K, require_verification=pc.require_verification,
                                         require_gap_analysis=pc.require_gap_analysis) for t in strajs]
                 out["probe/scoring_valid_rate"] = float(np.mean([e.valid for e in evs]))
