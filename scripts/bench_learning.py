@@ -88,7 +88,8 @@ def _scalars(run: Path) -> dict[str, list[float]]:
 
 
 def training_gains(run: Path) -> dict[str, float]:
-    """Last 20% of steps minus first 20%, for the reward and its two parts; first-step scoring validity."""
+    """Last 20% of steps minus first 20%, for the reward and its two parts; first-step scoring validity;
+    the mean over steps of the evaluator's score gap between valid and invalid reports."""
     sc = _scalars(run)
     out = {}
     for tag in TRAIN_TAGS:
@@ -96,6 +97,8 @@ def training_gains(run: Path) -> dict[str, float]:
         n = max(1, round(0.2 * len(vals)))
         out[tag] = mean(vals[-n:]) - mean(vals[:n]) if vals else math.nan
     out["first_scoring_valid_rate"] = sc.get("evaluator/scoring_valid_rate", [math.nan])[0]
+    gaps = [v for v in sc.get("evaluator/score_gap_valid_invalid", []) if math.isfinite(v)]
+    out["score_gap_mean"] = mean(gaps) if gaps else math.nan  # do the evaluator's scores follow validity?
     return out
 
 
@@ -162,9 +165,10 @@ def _budgets_of(result: dict, out: Path, merged: list[str] | None) -> dict:
 def table(results: list[dict], baseline_card: dict, conditions: list[str]) -> str:
     by = {(r["condition"], r["seed"]): r for r in results}
     seeds = sorted({r["seed"] for r in results})
-    head = ("| condition | seeds | reward gain | validity-part gain | score-part gain | Δ citation precision | "
-            "Δ coverage | Δ validity | Δ length | paired Δ reward gain vs score | paired Δ citation precision vs score |")
-    lines = [head, "|" + " --- |" * 11]
+    head = ("| condition | seeds | reward gain | validity-part gain | score-part gain | score gap valid − invalid | "
+            "Δ citation precision | Δ coverage | Δ validity | Δ length | paired Δ reward gain vs score | "
+            "paired Δ citation precision vs score |")
+    lines = [head, "|" + " --- |" * 12]
     for cond in conditions:
         rows = [by[(cond, s)] for s in seeds if (cond, s) in by]
         if not rows:
@@ -180,6 +184,7 @@ def table(results: list[dict], baseline_card: dict, conditions: list[str]) -> st
             f"| {cond}", str(len(rows)), fmt([r["train"]["solver/reward_mean"] for r in rows]),
             fmt([r["train"]["solver/reward_validity_part"] for r in rows]),
             fmt([r["train"]["solver/reward_score_part"] for r in rows]),
+            fmt([r["train"].get("score_gap_mean", math.nan) for r in rows]),
             *(fmt(delta[m], 1 if m == "length" else 3) for m in CARD),
             fmt(paired_r) if paired_r else "-", fmt(paired_c) if paired_c else "-"]) + " |")
     return "\n".join(lines)
@@ -257,7 +262,8 @@ Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()
 them), {steps} SCORE steps each, the shared cached cold start. Every cell is mean ± half-width of the 95%
 t-interval over seeds. Reward gains: last 20% of steps minus first 20%. Δ: the final export's held-out
 card minus the cold-start model's card (20 held-out queries, greedy). Paired Δ: the condition minus
-SCORE on the same seed.
+SCORE on the same seed. Score gap: the mean over steps of `evaluator/score_gap_valid_invalid` (the
+evaluator's Σ w s of valid minus invalid reports; n/a for results recorded before that tag existed).
 
 {text}
 

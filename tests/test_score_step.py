@@ -156,6 +156,11 @@ def test_rewards_gates_and_advantages_by_hand(two_steps):
     # score part: mean over the 4 valid reports of sum_j w_j s_j as used (query b's are gated to 0)
     assert m["solver/reward_score_part"] == pytest.approx((0.66 + 0.4 + 0 + 0) / 4, abs=1e-6)
     assert m["solver/citation_validity"] == pytest.approx(1.0)
+    # discrimination, over reports whose scores parsed (not query b's report 2): valid a1 0.66, a2 0.4, b1 0
+    # (gated); invalid a3 0.9 (scored 9, 9, 9 but uncited), b3 0 (gated)
+    assert m["evaluator/score_valid_reports"] == pytest.approx((0.66 + 0.4 + 0) / 3, abs=1e-6)
+    assert m["evaluator/score_invalid_reports"] == pytest.approx((0.9 + 0) / 2, abs=1e-6)
+    assert m["evaluator/score_gap_valid_invalid"] == pytest.approx(1.06 / 3 - 0.45, abs=1e-6)
 
     # step 2: the evaluations never searched, depth 0 < tau_s = 1 -> every reward is 0 (Algorithm 1, line 23)
     rw2 = two_steps.steps[1]["rewards"]

@@ -28,6 +28,9 @@ SCORE_LAYOUT: dict[str, dict[str, list[str]]] = {
                                                         "evaluator/advantage"],
         "rubric and scoring validity": ["evaluator/rubric_valid_rate", "evaluator/scoring_valid_rate",
                                         "evaluator/verified_rate"],
+        "do scores separate valid from invalid reports": ["evaluator/score_valid_reports",
+                                                          "evaluator/score_invalid_reports",
+                                                          "evaluator/score_gap_valid_invalid"],
         "harness version": ["harness/version"],
     },
 }

@@ -41,6 +41,20 @@ def record_rewards(sc: StepScalars, ro: StepRollouts, rw: StepRewards, num_rollo
     sc.mean("evaluator/scoring_valid_rate", float(sum(rw.eval_valid)), len(rw.eval_valid))
     sc.mean("evaluator/report_scores_valid_rate", float(sum(rw.reports_valid)), len(rw.reports_valid))
     sc.mean("evaluator/verification_depth_mean", float(sum(len(t.search_queries) for t in ro.scoring)), len(ro.scoring))
+    record_discrimination(sc, rw)
+
+
+def record_discrimination(sc: StepScalars, rw: StepRewards) -> None:
+    """Do the evaluator's scores separate valid reports (a(r) = 1) from invalid ones? Over reports whose
+    scores parsed: the mean sum_j w_j s_j of each side and their difference. Scores that do not
+    separate them carry no signal the validity term does not already give."""
+    parsed = torch.tensor(rw.reports_valid, dtype=torch.bool) if rw.reports_valid else torch.zeros(0, dtype=torch.bool)
+    if parsed.numel() != rw.rubric_part.numel():  # combine() called without assemble_rewards: nothing to split
+        parsed = torch.zeros_like(rw.validity, dtype=torch.bool)
+    valid = rw.validity > 0
+    for tag, side in (("evaluator/score_valid_reports", parsed & valid), ("evaluator/score_invalid_reports", parsed & ~valid)):
+        sc.mean(tag, float(rw.rubric_part[side].sum()), int(side.sum()))
+    sc.difference("evaluator/score_gap_valid_invalid", "evaluator/score_valid_reports", "evaluator/score_invalid_reports")
 
 
 def record_rollouts(sc: StepScalars, ro: StepRollouts) -> None:

@@ -37,6 +37,7 @@ class StepScalars:
         self.citations = self._new(CitationValidity())
         self.consistency = self._new(Consistency())
         self._metrics: dict[str, Metric] = {}
+        self._differences: dict[str, tuple[str, str]] = {}
 
     def _new(self, metric: Metric) -> Metric:
         metric = metric.to(self.device)
@@ -64,6 +65,10 @@ class StepScalars:
     def sum(self, tag: str, value: float) -> None:
         self._get(tag, SumMetric).update(float(value))
 
+    def difference(self, tag: str, minuend: str, subtrahend: str) -> None:
+        """Log ``tag`` = pooled ``minuend`` - pooled ``subtrahend`` (NaN when either side saw nothing)."""
+        self._differences[tag] = (minuend, subtrahend)
+
     def global_mean_reward(self) -> float:
         """The pooled R_s of the step so far (collective); NaN without reports."""
         return _value(self.reward)
@@ -79,6 +84,8 @@ class StepScalars:
     def compute(self) -> dict[str, float]:
         """Every scalar reduced over ranks (NaN where nothing was measured); resets for the next step."""
         out = {tag: _value(self._metrics[tag]) for tag in sorted(self._metrics)}
+        for tag, (a, b) in self._differences.items():
+            out[tag] = out.get(a, math.nan) - out.get(b, math.nan)
         mean = _value(self.reward)
         out["solver/reward_mean"] = mean
         out["solver/reward_std"] = math.sqrt(max(_value(self.reward_sq) - mean * mean, 0.0)) if math.isfinite(mean) else mean
