@@ -8,9 +8,10 @@ Each group is one step of one query, sampled as RL samples it: a rubric from the
 harness's initial state and the scheduler's first hints; the fallback rubric if it does not parse),
 K solver rollouts with the retriever, and one scoring rollout over the K reports, constrained or not
 as the config says. Reported: how many evaluations and single reports parse, and whether the
-rubric-weighted scores separate valid reports (a(r) = 1) from invalid ones, and reports whose
-citations were all retrieved from the others. Each separation is a difference of means with a
-95% bootstrap interval over reports. The last line is ``key=value`` pairs.
+rubric-weighted scores separate valid reports (a(r) = 1) from invalid ones (also split by why a
+report is invalid: no report shown, no citation, ...), and reports whose citations were all retrieved
+from the others. Each separation is a difference of means with a 95% bootstrap interval over groups
+(a group's reports share one evaluation). The last line is ``key=value`` pairs.
 """
 
 from __future__ import annotations
@@ -34,13 +35,22 @@ def _compose(overrides: list[str]):
         return compose(config_name="train", overrides=overrides)
 
 
-def _gap(yes: np.ndarray, no: np.ndarray, rng: np.random.Generator) -> tuple[float, float, float]:
-    """Difference of means and its 95% bootstrap interval (nan when a side is empty)."""
-    if len(yes) == 0 or len(no) == 0:
+def _gap(score: np.ndarray, side: np.ndarray, group: np.ndarray, rng: np.random.Generator) -> tuple[float, float, float]:
+    """Mean score where ``side`` minus where not, and its 95% bootstrap interval over groups (NaN when a side
+    is empty). Groups, not reports, are resampled: the K reports of one group share a query, a rubric and
+    one evaluation, so their scores are not independent and a per-report bootstrap is too narrow."""
+    if side.all() or not side.any():
         return float("nan"), float("nan"), float("nan")
-    boots = [rng.choice(yes, len(yes)).mean() - rng.choice(no, len(no)).mean() for _ in range(2000)]
+    ids = np.unique(group)
+    members = [np.flatnonzero(group == g) for g in ids]
+    boots = []
+    for _ in range(2000):
+        pick = np.concatenate([members[i] for i in rng.integers(0, len(ids), len(ids))])
+        s, y = score[pick], side[pick]
+        if y.any() and not y.all():
+            boots.append(s[y].mean() - s[~y].mean())
     lo, hi = np.percentile(boots, [2.5, 97.5])
-    return float(yes.mean() - no.mean()), float(lo), float(hi)
+    return float(score[side].mean() - score[~side].mean()), float(lo), float(hi)
 
 
 def main() -> int:
@@ -106,19 +116,25 @@ def main() -> int:
             cited_ok = bool(a.cited_ids) and all(c in t.retrieved_ids for c in a.cited_ids)
             rep = ev.reports.get(k + 1)
             if rep is not None and rep.valid:
-                rows.append((a.valid, cited_ok, sum(w * s for w, s in zip(rubrics[g].weights, matrix[k]))))
+                rows.append((a.valid, cited_ok, sum(w * s for w, s in zip(rubrics[g].weights, matrix[k])),
+                             "valid" if a.valid else ("no report" if not a.answer else a.reason), g))
     brng = np.random.default_rng(args.seed)
     score = np.array([r[2] for r in rows])
     valid = np.array([r[0] for r in rows], dtype=bool)
     cited = np.array([r[1] for r in rows], dtype=bool)
-    gv, gv_lo, gv_hi = _gap(score[valid], score[~valid], brng)
-    gc, gc_lo, gc_hi = _gap(score[cited], score[~cited], brng)
+    group = np.array([r[4] for r in rows])
+    gv, gv_lo, gv_hi = _gap(score, valid, group, brng)
+    gc, gc_lo, gc_hi = _gap(score, cited, group, brng)
     n_reports = args.groups * K
     print(f"groups {args.groups} (K={K}), rubrics sampled valid {np.mean([p.valid for p in parses]):.2f}, "
           f"answers valid {np.mean([a.valid for a in answers]):.2f}, "
           f"constrained scoring {settings.constrained_scoring}")
     print(f"scored reports {len(rows)}/{n_reports}: valid {int(valid.sum())} mean {score[valid].mean() if valid.any() else float('nan'):.3f}, "
           f"invalid {int((~valid).sum())} mean {score[~valid].mean() if (~valid).any() else float('nan'):.3f}")
+    by_reason: dict[str, list[float]] = {}
+    for r in rows:
+        by_reason.setdefault(r[3], []).append(r[2])
+    print("mean score by report: " + ", ".join(f"{k} {np.mean(v):.3f} (n={len(v)})" for k, v in sorted(by_reason.items())))
     print(f"scoring_valid_rate={np.mean([e.valid for e in evals]):.3f} report_valid_rate={len(rows) / n_reports:.3f} "
           f"gap_valid={gv:+.3f} gap_valid_ci=[{gv_lo:+.3f},{gv_hi:+.3f}] "
           f"gap_cited={gc:+.3f} gap_cited_ci=[{gc_lo:+.3f},{gc_hi:+.3f}]")

@@ -108,6 +108,19 @@ def test_tool_budget_then_final_turn_cannot_search(tokenizer):
     assert search_close not in engine.calls[-1].stop_token_ids  # final turn may only answer
 
 
+def test_evaluator_notices_name_its_own_finish_tag(tokenizer):
+    """An evaluator (finish tag </report_evaluations>) is never told to write an <answer>."""
+    tok = tokenizer
+    scripts = [["<search></search>", "<search>two</search>", "<report_evaluations></report_evaluations>"]]
+    cfg = AgentConfig(max_tool_calls=2, max_response_tokens=400, finish_tag=P.EVALS_CLOSE)
+    traj = run_agent(ScriptedEngine(tok, scripts), tok, [_prompt(tok, "q")], FakeRetriever(), cfg)[0]
+    text = traj.response_text(tok)
+    assert traj.finished and traj.invalid_actions == 1
+    assert P.invalid_action_observation(P.EVALS_CLOSE) in text and P.tool_budget_observation(P.EVALS_CLOSE) in text
+    assert "<report_evaluations></report_evaluations>." in P.tool_budget_observation(P.EVALS_CLOSE)
+    assert P.ANSWER_OPEN not in text.replace("<report_evaluations></report_evaluations>", "")
+
+
 def test_truncation_and_retrieval_failure(tokenizer):
     tok = tokenizer
     long = "word " * 200

@@ -108,7 +108,8 @@ def test_observation_tokens_are_masked_and_equal_the_agent_loops(demos, tokenize
         for i, q in enumerate(d.meta["search_queries"], 1):
             ids, _ = format_observation(bm25.search([q], BUDGETS.topk)[0], BUDGETS.max_observation_tokens, tok)
             if i >= max_calls:
-                ids = ids + _wrap_observation(P.TOOL_BUDGET_OBSERVATION, 64, tok)
+                finish = P.ANSWER_CLOSE if d.kind == SOLVER else P.EVALS_CLOSE  # each role's own notice
+                ids = ids + _wrap_observation(P.tool_budget_observation(finish), 64, tok)
             expected.append(ids)
         assert _masked_spans(d) == expected
         # the mask is 0 exactly on observation tokens: every masked span decodes to <observation> blocks

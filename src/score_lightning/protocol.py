@@ -39,3 +39,25 @@ INVALID_ACTION_OBSERVATION = (
 RETRIEVAL_FAILED_OBSERVATION = "Retrieval failed: the search backend is unavailable. Continue with what you know."
 #: Observation appended when the tool budget is spent; the next turn may only answer.
 TOOL_BUDGET_OBSERVATION = "Search budget exhausted. Write the final report now inside <answer></answer>."
+
+
+def _finish_block(finish_tag: str) -> str:
+    """``<x></x>`` for a closing tag ``</x>``."""
+    return finish_tag.replace("</", "<", 1) + finish_tag
+
+
+def tool_budget_observation(finish_tag: str = ANSWER_CLOSE) -> str:
+    """The budget notice for a role that finishes with ``finish_tag``: the solver is told to write its
+    ``<answer>``, the evaluator its ``<report_evaluations>`` (an evaluator told to write an ``<answer>``
+    writes one, and its scores no longer parse)."""
+    if finish_tag == ANSWER_CLOSE:
+        return TOOL_BUDGET_OBSERVATION
+    return f"Search budget exhausted. Write the final output now inside {_finish_block(finish_tag)}."
+
+
+def invalid_action_observation(finish_tag: str = ANSWER_CLOSE) -> str:
+    """The invalid-action notice for a role that finishes with ``finish_tag`` (see above)."""
+    if finish_tag == ANSWER_CLOSE:
+        return INVALID_ACTION_OBSERVATION
+    return ("Invalid action: write exactly one non-empty query as <search>query</search>, "
+            f"or finish with {_finish_block(finish_tag)}.")

@@ -215,7 +215,7 @@ def _answer_searches(pending, trajs, retriever, cfg: AgentConfig, tokenizer) -> 
     for i, q in pending:
         t = trajs[i]
         if not q:
-            ids = _wrap_observation(P.INVALID_ACTION_OBSERVATION, cfg.max_observation_tokens, tokenizer)
+            ids = _wrap_observation(P.invalid_action_observation(cfg.finish_tag), cfg.max_observation_tokens, tokenizer)
         elif failed or retriever is None:
             t.retrieval_errors += 1
             ids = _wrap_observation(P.RETRIEVAL_FAILED_OBSERVATION, cfg.max_observation_tokens, tokenizer)
@@ -223,7 +223,7 @@ def _answer_searches(pending, trajs, retriever, cfg: AgentConfig, tokenizer) -> 
             ids, doc_ids = format_observation(results.get(i, []), cfg.max_observation_tokens, tokenizer)
             t.retrieved_ids.extend(d for d in doc_ids if d not in t.retrieved_ids)
         if t.tool_calls >= cfg.max_tool_calls:
-            ids = ids + _wrap_observation(P.TOOL_BUDGET_OBSERVATION, 64, tokenizer)
+            ids = ids + _wrap_observation(P.tool_budget_observation(cfg.finish_tag), 64, tokenizer)
         room = cfg.max_response_tokens - len(t.response_ids)
         t.append(ids[:room], 0)
         if len(t.response_ids) >= cfg.max_response_tokens:

@@ -26,6 +26,9 @@ from score_lightning.sft.text import query_entities, search_queries
 
 #: base score per report quality kind; the key order is also the order kinds are drawn in
 _BASE_SCORES = {"good": 8, "partial": 6, "no_citation": 4, "fake_citation": 4, "truncated": 4, "off_topic": 2, "empty": 0}
+#: how often each kind is drawn: close to what the evaluator meets at the first RL steps, where a third to
+#: a half of the cold start's answers are invalid, most of them never closed ("(no report)") or uncited
+_KIND_WEIGHTS = (0.3, 0.1, 0.15, 0.1, 0.1, 0.05, 0.2)
 _CITE_RE = re.compile(r"\[([^\]\s]+)\]")
 
 
@@ -58,7 +61,7 @@ def _report(ctx: DemoContext, rng: random.Random, query: str, rubric: Rubric, ki
 
 
 def _scores(rng: random.Random, feat: dict, rubric: Rubric, confirmed: set[str]) -> list[int]:
-    """Per-dimension 0..10 scores: the kind's base, jitter, and the dimension's view of the report."""
+    """Per-dimension 0..10 scores: the kind's base and the dimension's view of the report (deterministic)."""
     kind = feat["kind"]
     base = _BASE_SCORES[kind]
     out = []
@@ -66,7 +69,7 @@ def _scores(rng: random.Random, feat: dict, rubric: Rubric, confirmed: set[str])
         if kind == "empty":
             out.append(0)
             continue
-        v = base + rng.choice((-1, 0, 0, 1))
+        v = base  # no jitter: the same report gets the same scores, a mapping a small model can learn
         if d in ("citation_grounding", "factual_support"):
             if kind in ("no_citation", "fake_citation"):
                 v -= 2
@@ -125,7 +128,7 @@ def scoring_group(ctx: DemoContext, rng: random.Random, query: str, n: int) -> l
     state = random_state(rng, ctx.base, b.evaluator_max_tool_calls)
     rubric = fallback_rubric(state) if rng.random() < 0.3 else random_rubric(rng, state)
     K = b.num_rollouts if rng.random() < 0.75 else rng.randint(2, max(3, b.num_rollouts + 1))
-    kinds = rng.choices(list(_BASE_SCORES), weights=[0.4, 0.15, 0.1, 0.1, 0.1, 0.1, 0.05], k=K)
+    kinds = rng.choices(list(_BASE_SCORES), weights=_KIND_WEIGHTS, k=K)
     reports, feats = [], []
     for kind in kinds:
         text, feat = _report(ctx, random.Random(rng.random()), query, rubric, kind)
