@@ -11,7 +11,9 @@ as the config says. Reported: how many evaluations and single reports parse, and
 rubric-weighted scores separate valid reports (a(r) = 1) from invalid ones (also split by why a
 report is invalid: no report shown, no citation, ...), and reports whose citations were all retrieved
 from the others. Each separation is a difference of means with a 95% bootstrap interval over groups
-(a group's reports share one evaluation). The last line is ``key=value`` pairs.
+(a group's reports share one evaluation). The last line is ``key=value`` pairs. ``--demos N`` first fits
+N fresh scoring demos teacher-forced (:mod:`score_lightning.sft.demo_fit`): whether the model gets the
+scores right when the verification text is given, and whether it writes that text right.
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ def main() -> int:
     ap.add_argument("--model", default=str(ASSET_DIR), help="checkpoint directory (default: the packaged cold start)")
     ap.add_argument("--groups", type=int, default=40, help="step-like groups (one query, K reports, one evaluation)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--demos", type=int, default=0,
+                    help="also fit N fresh scoring demos teacher-forced, per report kind (score_lightning.sft.demo_fit)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides (default experiment=tiny_score)")
     args = ap.parse_args()
     cfg = _compose(["experiment=tiny_score", *args.overrides])
@@ -90,6 +94,16 @@ def main() -> int:
     state = HarnessState.from_dict(OmegaConf.to_container(cfg.harness.initial_state, resolve=True))
     sched = DimensionScheduler(list(state.dimension_pool))
     engine = HFEngine(lambda: model, tok.pad_token_id, tok.eos_token_id, tok, 64)
+    if args.demos > 0:
+        from score_lightning.sft.context import DemoContext
+        from score_lightning.sft.demo_fit import scoring_demo_fit
+        from score_lightning.sft.demo_types import DemoBudgets
+
+        ctx = DemoContext.create(tok, retriever, queries, DemoBudgets.from_cfg(cfg), state)
+        for kind, f in scoring_demo_fit(model, tok, ctx, args.demos, seed=12345 + args.seed).items():
+            print(f"demo fit {kind}: value target {f['target_value']:.2f} model {f['model_value']:.2f} "
+                  f"(n={int(f['n_values'])}); verification start greedy-correct {f['verification_start_acc']:.2f} "
+                  f"(n={int(f['n_verifications'])})")
 
     prompts = [encode_chat(tok, rubric_messages(rng.sample(queries, int(cfg.data.batch_size)), state, sched.required(),
                                                 sched.avoided(), sched.explore())) for _ in range(args.groups)]

@@ -300,3 +300,42 @@ def test_run_sft_caches_by_inputs_and_keeps_the_rng(tmp_path, tiny_ckpt, corpus_
         cfg.sft.lr = 3e-3
         cfg.solver.max_observation_tokens = 48
     assert sft_output_path(cfg, str(tiny_ckpt))[0] != out
+
+
+class _Teacher(torch.nn.Module):
+    """A stand-in language model: position t puts all its mass on the true token t + 1 (``oracle``), or
+    spreads it evenly (not ``oracle``)."""
+
+    def __init__(self, vocab: int, oracle: bool):
+        super().__init__()
+        self.vocab, self.oracle = vocab, oracle
+
+    def forward(self, input_ids):
+        from types import SimpleNamespace
+
+        logits = torch.zeros(*input_ids.shape, self.vocab)
+        if self.oracle:
+            logits[0, torch.arange(input_ids.shape[1] - 1), input_ids[0, 1:]] = 50.0
+        return SimpleNamespace(logits=logits)
+
+
+def test_scoring_demo_fit_reads_each_value_and_verification_start(tokenizer, bm25, queries):
+    from score_lightning.sft.context import DemoContext
+    from score_lightning.sft.demo_fit import scoring_demo_fit
+
+    ctx = DemoContext.create(tokenizer, bm25, queries, BUDGETS, BASE)
+    oracle = scoring_demo_fit(_Teacher(len(tokenizer), True), tokenizer, ctx, 8)
+    uniform = scoring_demo_fit(_Teacher(len(tokenizer), False), tokenizer, ctx, 8)
+    assert oracle.keys() == uniform.keys() and len(oracle) >= 3
+    assert sum(f["n_values"] for f in oracle.values()) >= 8 * 3 * 2  # >= 2 reports x 3 dimensions per demo
+    for kind, f in oracle.items():
+        # the oracle predicts each demo value exactly and every verification's opening
+        assert f["model_value"] == pytest.approx(f["target_value"], abs=1e-3), kind
+        assert f["verification_start_acc"] == 1.0 or f["n_verifications"] == 0, kind
+        # even digit mass: expected value 4.5; argmax of a flat row is token 0, never the demo's
+        assert uniform[kind]["model_value"] == pytest.approx(4.5, abs=1e-4)
+        assert uniform[kind]["verification_start_acc"] == 0.0 or uniform[kind]["n_verifications"] == 0
+    if "empty" in oracle:  # a missing report scores 0 on every dimension
+        assert oracle["empty"]["target_value"] == 0.0
+    if "good" in oracle:
+        assert oracle["good"]["target_value"] >= 8.0
