@@ -48,9 +48,7 @@ def record_discrimination(sc: StepScalars, rw: StepRewards) -> None:
     """Do the evaluator's scores separate valid reports (a(r) = 1) from invalid ones? Over reports whose
     scores parsed: the mean sum_j w_j s_j of each side and their difference. Scores that do not
     separate them carry no signal the validity term does not already give."""
-    parsed = torch.tensor(rw.reports_valid, dtype=torch.bool) if rw.reports_valid else torch.zeros(0, dtype=torch.bool)
-    if parsed.numel() != rw.rubric_part.numel():  # combine() called without assemble_rewards: nothing to split
-        parsed = torch.zeros_like(rw.validity, dtype=torch.bool)
+    parsed = torch.tensor(rw.reports_valid, dtype=torch.bool)  # one per report (assemble_rewards)
     valid = rw.validity > 0
     for tag, side in (("evaluator/score_valid_reports", parsed & valid), ("evaluator/score_invalid_reports", parsed & ~valid)):
         sc.mean(tag, float(rw.rubric_part[side].sum()), int(side.sum()))
