@@ -135,6 +135,9 @@ def validate_config(cfg: DictConfig) -> None:
             validate_checkpoint(str(ckpt))
         except CheckpointError as exc:
             e.append(str(exc))
+    template = OmegaConf.select(cfg, "model.chat_template")
+    if isinstance(template, str) and template and "{" not in template and not Path(template).expanduser().is_file():
+        e.append(f"model.chat_template={template!r}: neither a Jinja template nor a file")
     if OmegaConf.select(cfg, "model.name_or_path") is None and OmegaConf.select(cfg, "model.tiny") is None:
         e.append("model.name_or_path: null needs model.tiny (the tiny-model spec); set a checkpoint path or use model=tiny")
     mb, bs = OmegaConf.select(cfg, "optim.mini_batch_size"), OmegaConf.select(cfg, "data.batch_size")
@@ -187,10 +190,11 @@ def _check_lora(cfg: DictConfig, errors: list[str]) -> None:
     names = lambda v: isinstance(v, ListConfig) and len(v) > 0 and all(isinstance(x, str) and x for x in v)  # noqa: E731
     c("model.lora.target_modules", lambda v: v == "all-linear" or names(v),
       "'all-linear' or a non-empty list of module names, e.g. [q_proj, v_proj]")
-    import importlib.util
+    from score_lightning.preflight import missing_package
 
-    if importlib.util.find_spec("peft") is None:
-        errors.append("model.lora.enabled=true needs peft: pip install -e '.[lora]'")
+    line = missing_package("peft", "model.lora.enabled=true", "pip install -e '.[lora]'")
+    if line:
+        errors.append(line)
     if OmegaConf.select(cfg, "actor.shared") is False:
         errors.append("model.lora.enabled=true with actor.shared=false: a separate evaluator is not supported with "
                       "LoRA. It would need a second full base model (what LoRA is meant to avoid) or a second "
