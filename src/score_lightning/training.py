@@ -174,8 +174,10 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
     from score_lightning.data.datamodule import QueryDataModule
     from score_lightning.console import quiet_console
     from score_lightning.module import ScoreModule
+    from score_lightning.threads import apply_threads
 
     quiet_console()
+    apply_threads(cfg)
     callbacks = build_callbacks(cfg) + list(extra_callbacks or [])
     pl.seed_everything(int(cfg.seed), workers=True)
     torch.set_float32_matmul_precision("high")
