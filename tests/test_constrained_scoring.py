@@ -137,3 +137,29 @@ def test_probe_scoring_script_reports_validity_and_separation(cache_dir):
     assert float(last["scoring_valid_rate"]) == 1.0 and float(last["report_valid_rate"]) == 1.0  # constrained in tiny_score
     fits = [line for line in proc.stdout.splitlines() if line.startswith("demo fit ")]
     assert fits and all("value target" in line and "verification start greedy-correct" in line for line in fits)
+
+
+def test_pointwise_scoring_under_the_grammar_parses_every_report(tiny_ckpt, tokenizer, bm25):
+    """``evaluator.scoring=pointwise`` with the grammar for one report: a random model's K evaluations of a group,
+    sampled as one batch, each parse as a complete evaluation of its one report."""
+    from helpers import FAST, compose
+    from score_lightning.harness.state import HarnessState
+    from score_lightning.models import load_policy
+    from score_lightning.step.evaluations import group_evaluations
+    from score_lightning.step.rollouts import RolloutSettings, scoring_rollouts
+
+    cfg = compose(FAST + ["evaluator.scoring=pointwise", "evaluator.constrained_scoring=true", "solver.num_rollouts=3",
+                          "evaluator.max_response_tokens=700", "evaluator.show_retrieved=true"])
+    settings = RolloutSettings.from_cfg(cfg)
+    torch.manual_seed(0)
+    model = load_policy(tiny_ckpt)
+    engine = HFEngine(lambda: model, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer)
+    state = HarnessState()
+    reports = [["json.dumps writes JSON [json.dumps]. Conclusion: use it.", None, "No citation here at all."]]
+    sources = [[["json.dumps", "json.loads"], [], ["os.path"]]]
+    trajs = scoring_rollouts(engine, tokenizer, bm25, ["How do I write JSON?"], reports, [RUBRIC], state, settings,
+                             sources)
+    assert len(trajs) == 3
+    group = group_evaluations(trajs, [RUBRIC], 3, "pointwise", state.process_constraints, tokenizer)[0]
+    assert group.evaluations_valid == (True, True, True) and group.complete, [t.model_text(tokenizer) for t in trajs]
+    assert all(group.report_valid(k) for k in (1, 2, 3))

@@ -76,6 +76,9 @@ def validate_config(cfg: DictConfig) -> None:
     if cfg.evaluator.get("scoring_temperature") is not None:
         c("evaluator.scoring_temperature", _num(0.0), "null or a number >= 0 (0: greedy)")
     c("evaluator.constrained_scoring", *_BOOL)
+    c("evaluator.scoring", lambda v: v in ("joint", "pointwise"),
+      "'joint' (one evaluation of all K reports) or 'pointwise' (one evaluation per report)")
+    c("evaluator.show_retrieved", *_BOOL)
     for field in (cfg.evaluator.get("constrained_max_chars") or {}):
         if field not in ("think", "query", "section", "reason"):
             e.append(f"evaluator.constrained_max_chars.{field}: unknown field (think, query, section, reason)")
@@ -88,6 +91,8 @@ def validate_config(cfg: DictConfig) -> None:
     c("verifier.enabled", *_BOOL)
     c("verifier.min_search_depth", _int(0, 10), "an integer in [0, 10]")
     c("reward.require_citation", *_BOOL)
+    c("reward.citations", lambda v: v in ("any", "retrieved"),
+      "'any' (any bracketed id counts) or 'retrieved' (cited ids must be among the trajectory's retrieved ones)")
     c("reward.min_answer_chars", _int(0), "an integer >= 0")
     c("loss.kl_coef", _num(0.0), "a number >= 0")
     c("loss.clip_ratio_low", _num(0.0, 1.0, hi_open=True), "a number in [0, 1)")
