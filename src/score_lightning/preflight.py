@@ -42,10 +42,16 @@ def require_package(module: str, key: str, install: str, package: str | None = N
         raise ConfigError(line)
 
 
+_OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def _offline_flags() -> list[str]:
+    return [v for v in _OFFLINE_VARS if str(os.environ.get(v, "")).upper() in ("1", "ON", "YES", "TRUE")]
+
+
 def hub_offline() -> bool:
     """``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` set to a true value (what huggingface_hub reads)."""
-    flags = (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE"))
-    return any(str(v).upper() in ("1", "ON", "YES", "TRUE") for v in flags if v)
+    return bool(_offline_flags())
 
 
 def _looks_like_path(value: str) -> bool:
@@ -121,7 +127,7 @@ def _check_hub(repo: str, key: str, offline: bool, cache_dir: str | None, timeou
     if offline:
         why = ("not a local directory, and not in the Hugging Face cache" if len(missing) == len(parts) else
                f"the Hugging Face cache holds only part of it (missing: {', '.join(missing)})")
-        flags = " ".join(v for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if os.environ.get(v)) or "HF_HUB_OFFLINE"
+        flags = " ".join(_offline_flags()) or "HF_HUB_OFFLINE"
         raise ModelUnavailable(_block(key, repo, f"{why} ({where}), and offline mode ({flags}) forbids downloading it",
                                       [local, download, f"or allow downloads:  unset {flags}"]))
     _probe_hub(repo, "config.json", key, timeout_s, [local, download])
