@@ -50,6 +50,10 @@ def _num(lo: float, hi: float | None = None, lo_open: bool = False, hi_open: boo
 
 _BOOL = (lambda v: isinstance(v, bool), "true or false")
 _PRECISIONS = {"32-true", "32", "bf16-mixed", "bf16-true", "64-true"}
+_DTYPES = {"float32", "fp32", "bfloat16", "bf16", "float16", "fp16"}  # models.resolve_dtype (no torch import here)
+_LOW_PRECISION = {"bfloat16", "bf16", "float16", "fp16"}
+#: at or below this lr an AdamW step (~lr) is smaller than half the bf16/fp16 spacing of typical weights
+LOW_PRECISION_MAX_LR = 1e-5
 
 
 def validate_config(cfg: DictConfig) -> None:
@@ -135,6 +139,7 @@ def validate_config(cfg: DictConfig) -> None:
             validate_checkpoint(str(ckpt))
         except CheckpointError as exc:
             e.append(str(exc))
+    _check_master_weights(cfg, e)
     if OmegaConf.select(cfg, "model.name_or_path") is None and OmegaConf.select(cfg, "model.tiny") is None:
         e.append("model.name_or_path: null needs model.tiny (the tiny-model spec); set a checkpoint path or use model=tiny")
     mb, bs = OmegaConf.select(cfg, "optim.mini_batch_size"), OmegaConf.select(cfg, "data.batch_size")
@@ -174,6 +179,26 @@ def data_parallel_processes(devices: int | str | list, num_nodes: int, tensor_pa
         devices = int(devices) if devices.isdigit() else 1
     per_node = devices if isinstance(devices, int) else len(devices)
     return max(1, int(per_node) * int(num_nodes) // int(tensor_parallel_size))
+
+
+def _check_master_weights(cfg: DictConfig, errors: list[str]) -> None:
+    """``model.dtype`` is the dtype of the weights the optimiser updates (FSDP2 shards them as loaded).
+
+    bf16 keeps 8 significant bits: near a weight of 0.02 its spacing is ~1.2e-4, so an AdamW step of
+    ~lr = 1e-6 rounds back to the same weight and the run trains almost nothing, silently. Compute
+    in bf16 comes from ``trainer.precision`` / ``strategy.mixed_precision`` instead.
+    """
+    _check(cfg, "model.dtype", lambda v: v in _DTYPES, f"one of {sorted(_DTYPES)}", errors)
+    dtype, lr = OmegaConf.select(cfg, "model.dtype"), OmegaConf.select(cfg, "optim.lr")
+    if dtype not in _LOW_PRECISION or not isinstance(lr, (int, float)) or lr > LOW_PRECISION_MAX_LR:
+        return
+    if OmegaConf.select(cfg, "model.allow_low_precision_weights", default=False) is True:
+        return
+    errors.append(f"model.dtype={dtype!r} with optim.lr={lr:g}: the optimiser would update {dtype} master weights, "
+                  f"whose spacing near a weight of 0.02 is ~1.2e-4 (bf16) or ~1.5e-5 (fp16), so steps of ~lr round "
+                  "away and the run trains almost nothing; use model.dtype=float32 (bf16 compute comes from "
+                  "trainer.precision=bf16-mixed and strategy.mixed_precision=bf16), or set "
+                  "model.allow_low_precision_weights=true if the rounding is intended")
 
 
 def _check_lora(cfg: DictConfig, errors: list[str]) -> None:
