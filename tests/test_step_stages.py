@@ -42,9 +42,10 @@ ANSWERS = [parse_answer("<answer>First report [a]. Conclusion: yes.</answer>"),
            parse_answer("no answer")]
 
 
-def test_effective_tau_is_the_larger_of_verifier_and_harness():
-    assert effective_tau(1, _state(min_number_of_tool_call=3)) == 3
-    assert effective_tau(2, _state(min_number_of_tool_call=0)) == 2
+def test_effective_tau_is_fixed_unless_coupled_to_the_harness():
+    assert effective_tau(1, _state(min_number_of_tool_call=3)) == 1  # the paper's fixed tau_s
+    assert effective_tau(1, _state(min_number_of_tool_call=3), from_harness=True) == 3
+    assert effective_tau(2, _state(min_number_of_tool_call=0), from_harness=True) == 2
 
 
 def test_combine_by_hand_both_verifier_modes():

@@ -91,6 +91,13 @@ def validate_config(cfg: DictConfig) -> None:
     c("evaluator.max_report_tokens", _int(1), "an integer >= 1")
     c("verifier.enabled", *_BOOL)
     c("verifier.min_search_depth", _int(0, 10), "an integer in [0, 10]")
+    c("verifier.tau_from_harness", *_BOOL)
+    depth, calls = OmegaConf.select(cfg, "verifier.min_search_depth"), OmegaConf.select(cfg, "evaluator.max_tool_calls")
+    if (OmegaConf.select(cfg, "verifier.enabled") is True and isinstance(depth, int) and isinstance(calls, int)
+            and depth > calls):
+        e.append(f"verifier.min_search_depth={depth}: more searches than evaluator.max_tool_calls={calls} allows, so "
+                 "the verifier would zero every reward; lower it, raise evaluator.max_tool_calls, or "
+                 "verifier.enabled=false")
     c("reward.require_citation", *_BOOL)
     c("reward.min_answer_chars", _int(0), "an integer >= 0")
     c("loss.kl_coef", _num(0.0), "a number >= 0")

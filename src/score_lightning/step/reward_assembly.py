@@ -8,8 +8,10 @@ R_s(r) = a(r) * (1 + sum_j w_j s_j(r)), with two gates that make the harness con
   the evaluator skipped the required work, so none of its scores is trusted, and the solver's
   group advantages do not inherit a difference the solver did not cause.
 * **reward verifier** (Algorithm 1, line 23): a report whose evaluation searched fewer than
-  tau_s = max(``verifier.min_search_depth``, ``process_constraints.min_number_of_tool_call``)
-  times gets reward 0 (``verifier.zero=reward``, the default) or scores 0 (``verifier.zero=scores``).
+  tau_s = ``verifier.min_search_depth`` times gets reward 0 (``verifier.zero=reward``, the default)
+  or scores 0 (``verifier.zero=scores``). tau_s is fixed, as in the paper; the harness's
+  ``min_number_of_tool_call`` is a prompt rule. ``verifier.tau_from_harness=true`` couples them
+  (tau_s = the larger of the two), which can ratchet: see :func:`effective_tau`.
 """
 
 from __future__ import annotations
@@ -37,11 +39,13 @@ class RewardSettings:
     verifier_enabled: bool
     min_search_depth: int
     zero: str = "reward"
+    tau_from_harness: bool = False  # verifier.tau_from_harness
 
     @classmethod
     def from_cfg(cls, cfg) -> "RewardSettings":
         return cls(bool(cfg.reward.require_citation), int(cfg.reward.min_answer_chars), bool(cfg.verifier.enabled),
-                   int(cfg.verifier.min_search_depth), str(cfg.verifier.get("zero", "reward")))
+                   int(cfg.verifier.min_search_depth), str(cfg.verifier.get("zero", "reward")),
+                   bool(cfg.verifier.get("tau_from_harness", False)))
 
 
 @dataclass
@@ -70,8 +74,16 @@ def rubric_part(scores: Tensor, rubric: Rubric) -> Tensor:
     return part.clamp(0.0, 1.0) if any(w < 0 for w in rubric.weights) else part
 
 
-def effective_tau(min_search_depth: int, state: HarnessState) -> int:
-    """tau_s: the verifier's own minimum or the harness's ``min_number_of_tool_call``, whichever is larger."""
+def effective_tau(min_search_depth: int, state: HarnessState, from_harness: bool = False) -> int:
+    """tau_s: ``verifier.min_search_depth``, fixed (the paper's verifier).
+
+    ``from_harness`` (``verifier.tau_from_harness``): the larger of that and the harness's
+    ``min_number_of_tool_call``. Off by default because it can ratchet: the rule harness raises its
+    minimum while ``verified_rate`` is low, a higher tau_s lowers ``verified_rate`` further, and
+    nothing trains the evaluator to search more (scoring tokens are never trained).
+    """
+    if not from_harness:
+        return int(min_search_depth)
     return max(int(min_search_depth), int(state.process_constraints.min_number_of_tool_call))
 
 
@@ -118,7 +130,7 @@ def assemble_rewards(
         eval_valid.append(ev.valid)
         reports_valid.extend(ev.reports.get(rid) is not None and ev.reports[rid].valid for rid in range(1, num_reports + 1))
     out = combine(answers, matrices, rubrics, depth, process_ok, eval_valid,
-                  effective_tau(settings.min_search_depth, state), settings)
+                  effective_tau(settings.min_search_depth, state, settings.tau_from_harness), settings)
     out.reports_valid = reports_valid
     return out
 
