@@ -21,7 +21,8 @@ TABLE2 = {
     "solver.num_rollouts": 8, "solver.max_tool_calls": 10, "solver.max_prompt_tokens": 8192,
     "solver.max_response_tokens": 4096, "evaluator.max_response_tokens": 2048, "evaluator.update_every": 1,
     "evaluator.ema_beta": 0.7, "evaluator.temperature": 0.8, "harness.every_n_steps": 5, "loss.kl_coef": 0.05,
-    "optim.lr": 1e-6, "optim.warmup_steps": 5, "optim.warmup_start_ratio": 0.05, "optim.micro_batch_size": 4,
+    "optim.lr": 1e-6, "optim.warmup_steps": 5, "optim.warmup_start_ratio": 0.0, "optim.micro_batch_size": 4,
+    "optim.weight_decay": 0.01,
 }
 PRESETS = {
     "qwen2_5_7b": "Qwen/Qwen2.5-7B-Instruct",

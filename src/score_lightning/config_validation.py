@@ -76,6 +76,11 @@ def validate_config(cfg: DictConfig) -> None:
     c("evaluator.update_every", _int(1), "an integer >= 1")
     c("evaluator.ema_beta", _num(0.0, 1.0, hi_open=True), "a number in [0, 1)")
     c("evaluator.alpha", _num(0.0), "a number >= 0")
+    c("evaluator.optimizer", lambda v: v in ("own", "shared"), "'own' (lr alpha * optim.lr, its own Adam moments) or "
+      "'shared' (the solver's AdamW state; alpha weights the loss)")
+    if OmegaConf.select(cfg, "evaluator.optimizer") == "shared" and OmegaConf.select(cfg, "actor.shared") is False:
+        e.append("evaluator.optimizer='shared' with actor.shared=false: a separate evaluator model always has its own "
+                 "optimiser; use evaluator.optimizer=own")
     c("evaluator.temperature", _num(0.0, lo_open=True), "a number > 0")
     if cfg.evaluator.get("scoring_temperature") is not None:
         c("evaluator.scoring_temperature", _num(0.0), "null or a number >= 0 (0: greedy)")
@@ -108,6 +113,9 @@ def validate_config(cfg: DictConfig) -> None:
     c("optim.lr", _num(0.0, lo_open=True), "a number > 0")
     c("optim.warmup_steps", _int(0), "an integer >= 0")
     c("optim.warmup_start_ratio", _num(0.0, 1.0), "a number in [0, 1]")
+    if OmegaConf.select(cfg, "optim.warmup_ratio") is not None:
+        c("optim.warmup_ratio", _num(0.0, 1.0, hi_open=True), "null or a number in [0, 1) (a share of trainer.max_steps)")
+    c("optim.weight_decay", _num(0.0), "a number >= 0")
     c("optim.grad_clip", _num(0.0), "a number >= 0 (0 disables clipping)")
     c("optim.ppo_epochs", _int(1), "an integer >= 1")
     c("optim.mini_batch_size", _int(1), "an integer >= 1 (queries per optimiser step)")
