@@ -135,6 +135,9 @@ def validate_config(cfg: DictConfig) -> None:
     c("evaluator.reward", lambda v: v in ("consistency", "discriminative", "preference", "solver_reward"),
       "'consistency', 'discriminative', 'preference' or 'solver_reward'")
     c("evaluator.rubric_queries", _int(1), "an integer >= 1")
+    if OmegaConf.select(cfg, "evaluator.rubric_weight_sum_tol") is not None:
+        c("evaluator.rubric_weight_sum_tol", _num(0.0, 1.0), "null (weights normalised, sum not checked) or a number "
+          "in [0, 1]")
     c("solver.conclusion_line", *_BOOL)
     c("optim.eps", _num(0.0, lo_open=True), "a number > 0")
     c("strategy.name", lambda v: v in ("single", "ddp", "fsdp"), "'single', 'ddp' or 'fsdp'")

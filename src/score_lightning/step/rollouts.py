@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from score_lightning import protocol as P
 from score_lightning.harness.state import HarnessState
 from score_lightning.retrieval.base import RetrievalError, Retriever
+from score_lightning.roles.evidence import EvidenceDoc, evidence_from_hits
 from score_lightning.roles.prompts import format_rubric, scoring_messages, solver_messages
 from score_lightning.roles.rubric import Rubric
 from score_lightning.rollout.agent import AgentConfig, run_agent
@@ -74,15 +75,14 @@ def scoring_temperature(cfg) -> float:
     return float(cfg.evaluator.temperature if t is None else t)
 
 
-def initial_evidence(retriever: Retriever, queries: Sequence[str], topk: int) -> tuple[list[list[str]], int]:
-    """D_q^0 = R(q): the top document ids per query, and 1 if the retrieval failed (else 0).
+def initial_evidence(retriever: Retriever, queries: Sequence[str], topk: int) -> tuple[list[list[EvidenceDoc]], int]:
+    """D_q^0 = R(q): the top documents per query (ids with titles), and 1 if the retrieval failed (else 0).
 
     It grounds the rubric prompt (E_q = Harness(q, D_q^0, S)) and doubles as a per-step retrieval
     health probe that does not depend on whether the policy chose to search.
     """
     try:
-        hits = retriever.search(list(queries), topk)
-        return [[h.id for h in row] for row in hits], 0
+        return evidence_from_hits(retriever.search(list(queries), topk)), 0
     except RetrievalError as exc:
         log.warning("initial retrieval failed: %s", exc)
         return [[] for _ in queries], 1
