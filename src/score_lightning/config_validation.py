@@ -94,6 +94,9 @@ def validate_config(cfg: DictConfig) -> None:
     c("evaluator.max_response_tokens", _int(8), "an integer >= 8")
     c("evaluator.max_tool_calls", _int(0, 10), "an integer in [0, 10]")
     c("evaluator.max_report_tokens", _int(1), "an integer >= 1")
+    c("evaluator.max_prompt_tokens", _int(8), "an integer >= 8")
+    c("evaluator.max_observation_tokens", _int(1), "an integer >= 1")
+    _check_lengths(cfg, e)
     c("verifier.enabled", *_BOOL)
     c("verifier.min_search_depth", _int(0, 10), "an integer in [0, 10]")
     c("verifier.tau_from_harness", *_BOOL)
@@ -179,6 +182,32 @@ def validate_config(cfg: DictConfig) -> None:
     _check_solver_workflow(cfg, e)
     if e:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(e))
+
+
+def _check_lengths(cfg: DictConfig, errors: list[str]) -> None:
+    """What arithmetic alone refuses; the tokenizer-measured checks are :func:`score_lightning.budgets.check_budgets`."""
+    n = 1 if OmegaConf.select(cfg, "evaluator.scoring", default="joint") == "pointwise" else \
+        OmegaConf.select(cfg, "solver.num_rollouts")
+    report, cap = OmegaConf.select(cfg, "evaluator.max_report_tokens"), OmegaConf.select(cfg, "evaluator.max_prompt_tokens")
+    if all(isinstance(v, int) for v in (n, report, cap)) and n * report >= cap:
+        errors.append(f"evaluator.max_prompt_tokens={cap}: {n} reports x evaluator.max_report_tokens={report} = "
+                      f"{n * report} tokens leave no room for the query, rubric and instructions of the scoring "
+                      "prompt; raise evaluator.max_prompt_tokens or lower evaluator.max_report_tokens")
+    max_len = OmegaConf.select(cfg, "rollout.max_model_len", default=None)
+    if OmegaConf.select(cfg, "rollout.engine") != "vllm" or not isinstance(max_len, int):
+        return
+    sel = lambda k: OmegaConf.select(cfg, k)  # noqa: E731
+    solver = (sel("solver.max_prompt_tokens"), sel("solver.max_response_tokens"))
+    scoring = (cap, sel("evaluator.max_response_tokens"), sel("evaluator.max_tool_calls"),
+               sel("evaluator.max_observation_tokens"))
+    if all(isinstance(v, int) for v in solver) and sum(solver) > max_len:
+        errors.append(f"rollout.max_model_len={max_len}: shorter than solver.max_prompt_tokens + "
+                      f"solver.max_response_tokens = {sum(solver)}")
+    if all(isinstance(v, int) for v in scoring) and scoring[0] + scoring[1] + scoring[2] * scoring[3] > max_len:
+        errors.append(f"rollout.max_model_len={max_len}: shorter than an evaluation can grow: evaluator.max_prompt_tokens"
+                      f" + evaluator.max_response_tokens + evaluator.max_tool_calls x evaluator.max_observation_tokens "
+                      f"= {scoring[0] + scoring[1] + scoring[2] * scoring[3]} (observations are outside the "
+                      "evaluator's generation budget)")
 
 
 def data_parallel_size(cfg: DictConfig) -> int:

@@ -33,7 +33,7 @@ class RolloutSettings:
     """Budgets of the solver and scoring loops (``solver.*`` / ``evaluator.*`` in the config)."""
 
     num_rollouts: int  # K
-    max_prompt_tokens: int
+    max_prompt_tokens: int  # the solver's (and rubric's) prompt cap
     solver: AgentConfig
     scoring: AgentConfig
     max_report_tokens: int  # each report is cut to this many tokens inside the scoring prompt
@@ -42,6 +42,7 @@ class RolloutSettings:
     mams: MamsConfig | None = None  # solver.mams.* budgets (solver.agent=mams)
     constrained_scoring: bool = False  # evaluator.constrained_scoring: scoring turns held to the rubric's XML
     constrained_max_chars: dict | None = None  # evaluator.constrained_max_chars: caps of its free-text fields
+    scoring_max_prompt_tokens: int | None = None  # evaluator.max_prompt_tokens (None: max_prompt_tokens)
 
     @classmethod
     def from_cfg(cls, cfg) -> "RolloutSettings":
@@ -53,13 +54,15 @@ class RolloutSettings:
         )
         scoring = AgentConfig(
             max_tool_calls=int(e.max_tool_calls), max_response_tokens=int(e.max_response_tokens),
-            max_observation_tokens=int(s.max_observation_tokens), topk=int(s.topk),
+            max_observation_tokens=int(e.get("max_observation_tokens", s.max_observation_tokens)), topk=int(s.topk),
             temperature=scoring_temperature(cfg), finish_tag=P.EVALS_CLOSE, allow_search=int(e.max_tool_calls) > 0,
+            observations_in_budget=False,  # evaluator.max_response_tokens counts what it writes (budgets.py)
         )
         agent = str(s.get("agent", "react"))
         return cls(int(s.num_rollouts), int(s.max_prompt_tokens), solver, scoring, int(e.max_report_tokens),
                    bool(s.get("conclusion_line", True)), agent, MamsConfig.from_cfg(cfg) if agent == "mams" else None,
-                   bool(e.get("constrained_scoring", False)), constrained_max_chars(cfg))
+                   bool(e.get("constrained_scoring", False)), constrained_max_chars(cfg),
+                   int(e.get("max_prompt_tokens", s.max_prompt_tokens)))
 
 
 def constrained_max_chars(cfg) -> dict[str, int] | None:
@@ -115,7 +118,9 @@ def scoring_rollouts(engine: RolloutEngine, tokenizer, retriever: Retriever, que
     added = text_added_tokens(tokenizer) if settings.constrained_scoring else {}
     for q, group, rubric in zip(queries, reports, rubrics):
         shown = [truncate_text(tokenizer, r if r else "(no report)", settings.max_report_tokens) for r in group]
-        prompts.append(encode_chat(tokenizer, scoring_messages(q, shown, rubric, state), settings.max_prompt_tokens))
+        prompts.append(encode_chat(tokenizer, scoring_messages(q, shown, rubric, state),
+                                   settings.scoring_max_prompt_tokens or settings.max_prompt_tokens,
+                                   key="evaluator.max_prompt_tokens"))
         if settings.constrained_scoring:
             constraints.append(ScoringConstraint(rubric.dims, len(group), pc.require_verification,
                                                  pc.require_gap_analysis, added, settings.constrained_max_chars))
