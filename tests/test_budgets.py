@@ -100,7 +100,7 @@ def test_pointwise_scoring_sizes_the_prompt_for_one_report(qwen_tokenizer):
     joint = compose(["experiment=qwen_score", "evaluator.max_report_tokens=2000"])
     with pytest.raises(ConfigError, match="8 reports x evaluator.max_report_tokens=2000"):
         validate_config(joint)
-    pointwise = compose(["experiment=qwen_score", "evaluator.max_report_tokens=2000", "+evaluator.scoring=pointwise"])
+    pointwise = compose(["experiment=qwen_score", "evaluator.max_report_tokens=2000", "evaluator.scoring=pointwise"])
     validate_config(pointwise)
     b = check_budgets(pointwise, qwen_tokenizer)
     assert b.reports == 1 and 2000 < b.prompt_tokens < 2000 + 1200

@@ -129,11 +129,41 @@ def test_probe_scoring_script_reports_validity_and_separation(cache_dir):
     """``scripts/probe_scoring.py`` (the BENCHMARKS figures on whether scores carry signal) on two groups."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     proc = subprocess.run([sys.executable, "scripts/probe_scoring.py", "--groups", "2", "--demos", "2",
-                           f"paths.cache_dir={cache_dir}"],
+                           "--scoring", "joint,pointwise", f"paths.cache_dir={cache_dir}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    last = dict(kv.split("=", 1) for kv in proc.stdout.strip().splitlines()[-1].split())
-    assert set(last) == {"scoring_valid_rate", "report_valid_rate", "gap_valid", "gap_valid_ci", "gap_cited", "gap_cited_ci"}
-    assert float(last["scoring_valid_rate"]) == 1.0 and float(last["report_valid_rate"]) == 1.0  # constrained in tiny_score
+    lines = [dict(kv.split("=", 1) for kv in line.split()) for line in proc.stdout.splitlines()
+             if line.startswith("protocol=")]
+    assert [d["protocol"] for d in lines] == ["joint", "pointwise"]  # the same groups scored under each protocol
+    for last in lines:
+        assert set(last) == {"protocol", "scoring_valid_rate", "report_valid_rate", "incomplete_rate", "gap_valid",
+                             "gap_valid_ci", "gap_cited", "gap_cited_ci"}
+        assert float(last["scoring_valid_rate"]) == 1.0 and float(last["report_valid_rate"]) == 1.0  # constrained
     fits = [line for line in proc.stdout.splitlines() if line.startswith("demo fit ")]
     assert fits and all("value target" in line and "verification start greedy-correct" in line for line in fits)
+
+
+def test_pointwise_scoring_under_the_grammar_parses_every_report(tiny_ckpt, tokenizer, bm25):
+    """``evaluator.scoring=pointwise`` with the grammar for one report: a random model's K evaluations of a group,
+    sampled as one batch, each parse as a complete evaluation of its one report."""
+    from helpers import FAST, compose
+    from score_lightning.harness.state import HarnessState
+    from score_lightning.models import load_policy
+    from score_lightning.step.evaluations import group_evaluations
+    from score_lightning.step.rollouts import RolloutSettings, scoring_rollouts
+
+    cfg = compose(FAST + ["evaluator.scoring=pointwise", "evaluator.constrained_scoring=true", "solver.num_rollouts=3",
+                          "evaluator.max_response_tokens=700", "evaluator.show_retrieved=true"])
+    settings = RolloutSettings.from_cfg(cfg)
+    torch.manual_seed(0)
+    model = load_policy(tiny_ckpt)
+    engine = HFEngine(lambda: model, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer)
+    state = HarnessState()
+    reports = [["json.dumps writes JSON [json.dumps]. Conclusion: use it.", None, "No citation here at all."]]
+    sources = [[["json.dumps", "json.loads"], [], ["os.path"]]]
+    trajs = scoring_rollouts(engine, tokenizer, bm25, ["How do I write JSON?"], reports, [RUBRIC], state, settings,
+                             sources)
+    assert len(trajs) == 3
+    group = group_evaluations(trajs, [RUBRIC], 3, "pointwise", state.process_constraints, tokenizer)[0]
+    assert group.evaluations_valid == (True, True, True) and group.complete, [t.model_text(tokenizer) for t in trajs]
+    assert all(group.report_valid(k) for k in (1, 2, 3))

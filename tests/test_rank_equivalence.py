@@ -58,3 +58,22 @@ def test_two_processes_match_one_process(tmp_path, single, tiny_ckpt, strategy):
     s2 = read_scalars(tmp_path / strategy / "tensorboard")
     for tag in ("evaluator/rubric_logprob", "solver/reward_mean", "evaluator/consistency"):
         assert [v for _, v in s2[tag]] == pytest.approx([v for _, v in scalars[tag]], rel=1e-5, abs=1e-5), tag
+
+
+POINTWISE = ["evaluator.scoring=pointwise", "evaluator.show_retrieved=true"]
+
+
+def test_pointwise_scoring_on_two_processes_matches_one_process(tmp_path, tiny_ckpt):
+    """``evaluator.scoring=pointwise`` (one evaluation per report, each rank scoring its own queries' reports):
+    DDP on 2 processes ends with the weights and scalars of 1 process."""
+    w1 = _train(tmp_path / "single", ["strategy=single", *POINTWISE])
+    scalars = read_scalars(tmp_path / "single" / "tensorboard")
+    assert min(v for _, v in scalars["solver/reward_std"]) > 0, "rewards must vary within the step"
+    assert [v for _, v in scalars["evaluator/report_scores_valid_rate"]] == [1.0, 1.0]
+    w2 = _train(tmp_path / "ddp", ["strategy=ddp", "trainer.devices=2", *POINTWISE])
+    worst = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
+    assert worst < 1e-5, f"pointwise ddp on 2 processes differs from 1 process by {worst:.2e}"
+    s2 = read_scalars(tmp_path / "ddp" / "tensorboard")
+    for tag in ("solver/reward_mean", "evaluator/verification_depth_mean", "evaluator/scoring_valid_rate",
+                "evaluator/incomplete_rate"):
+        assert [v for _, v in s2[tag]] == pytest.approx([v for _, v in scalars[tag]], rel=1e-5, abs=1e-5), tag

@@ -144,10 +144,7 @@ def test_preference_agreement_on_fixed_scores(tmp_path):
     def score_pairs(prompts, groups):  # scores report 1 8/8 and report 2 2/2, or 5/5 for both ("tie")
         out = []
         for p, g in zip(prompts, groups):
-            vals = [(5, 5) if p == "q2" else ((8, 8) if r == "good" else (2, 2)) for r in g]
-            body = "".join(f'<report id="{k}"><scores><score dim="factual_support" value="{a}"/>'
-                           f'<score dim="insight" value="{b}"/></scores></report>' for k, (a, b) in enumerate(vals, 1))
-            out.append(f"<report_evaluations>{body}</report_evaluations>")
+            out.append([[0.5, 0.5] if p == "q2" else ([0.8, 0.8] if r == "good" else [0.2, 0.2]) for r in g])
         return out
 
     reward = PreferenceReward(f, pairs_per_step=3).reward(0, rubric, score_pairs, None)

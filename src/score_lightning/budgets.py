@@ -2,7 +2,8 @@
 
 The scoring prompt holds the query, the rubric, the process rules, the harness notes and the reports
 (K of them with ``evaluator.scoring: joint``, one with ``pointwise``), each cut to
-``evaluator.max_report_tokens``. Whether that fits ``evaluator.max_prompt_tokens`` depends on the
+``evaluator.max_report_tokens`` and, with ``evaluator.show_retrieved``, each with the ids its searches
+returned. Whether that fits ``evaluator.max_prompt_tokens`` depends on the
 tokenizer and its chat template, so it is measured, not guessed: the prompt is built with the
 project's own builder (:func:`~score_lightning.roles.prompts.scoring_messages`) from the longest
 training query, the widest rubric the harness allows (its k cap, the pool's longest definitions,
@@ -105,10 +106,10 @@ def measure_scoring(cfg: DictConfig, tokenizer) -> ScoringBudget:
     query = longest_query(cfg, tokenizer)
     filler = _REPORT_TEXT * (per_report // 8 + 2)  # more than per_report tokens for any tokenizer
     report = truncate_text(tokenizer, filler, per_report)  # as scoring_rollouts cuts a report
+    pointwise = str(cfg.evaluator.get("scoring", "joint")) == "pointwise"
+    sources = [_retrieved_ids(cfg)] * n if bool(cfg.evaluator.get("show_retrieved", False)) else None
     # + 1 token per report: a real report's last characters may tokenise differently beside the separator
-    prompt = _count(tokenizer, scoring_messages(query, [report] * n, rubric, state)) + n
-    if n == 1 and int(cfg.solver.num_rollouts) > 1:  # pointwise: the ids the solver's trajectory retrieved
-        prompt += _count_ids(cfg, tokenizer)
+    prompt = _count(tokenizer, scoring_messages(query, [report] * n, rubric, state, sources, pointwise=pointwise)) + n
     enc = lambda s: len(tokenizer(s, add_special_tokens=False)["input_ids"])  # noqa: E731
     wrapper = enc("\n") + enc(P.OBS_OPEN) + enc(P.OBS_CLOSE) + enc("\n")
     observation = int(cfg.evaluator.max_observation_tokens) + wrapper
@@ -118,10 +119,10 @@ def measure_scoring(cfg: DictConfig, tokenizer) -> ScoringBudget:
     return ScoringBudget(n, prompt, prompt - n * enc(report), observation, context)
 
 
-def _count_ids(cfg: DictConfig, tokenizer) -> int:
-    """A pointwise prompt's list of retrieved ids: every search's top-k, as 12-digit ids (wiki-18's are <= 8)."""
-    ids = int(cfg.solver.max_tool_calls) * int(cfg.solver.topk)
-    return len(tokenizer(" ".join("[123456789012]" for _ in range(ids)), add_special_tokens=False)["input_ids"])
+def _retrieved_ids(cfg: DictConfig) -> list[str]:
+    """The most ids a report can be shown with (``evaluator.show_retrieved``): every search's top-k, each
+    counted as a 16-character id (wiki-18's are <= 8 digits; the stdlib corpus's are dotted names)."""
+    return [f"{i:016d}" for i in range(int(cfg.solver.max_tool_calls) * int(cfg.solver.topk))]
 
 
 def check_budgets(cfg: DictConfig, tokenizer) -> ScoringBudget:

@@ -85,6 +85,9 @@ def validate_config(cfg: DictConfig) -> None:
     if cfg.evaluator.get("scoring_temperature") is not None:
         c("evaluator.scoring_temperature", _num(0.0), "null or a number >= 0 (0: greedy)")
     c("evaluator.constrained_scoring", *_BOOL)
+    c("evaluator.scoring", lambda v: v in ("joint", "pointwise"),
+      "'joint' (one evaluation of all K reports) or 'pointwise' (one evaluation per report)")
+    c("evaluator.show_retrieved", *_BOOL)
     for field in (cfg.evaluator.get("constrained_max_chars") or {}):
         if field not in ("think", "query", "section", "reason"):
             e.append(f"evaluator.constrained_max_chars.{field}: unknown field (think, query, section, reason)")
@@ -107,6 +110,8 @@ def validate_config(cfg: DictConfig) -> None:
                  "the verifier would zero every reward; lower it, raise evaluator.max_tool_calls, or "
                  "verifier.enabled=false")
     c("reward.require_citation", *_BOOL)
+    c("reward.citations", lambda v: v in ("any", "retrieved"),
+      "'any' (any bracketed id counts) or 'retrieved' (cited ids must be among the trajectory's retrieved ones)")
     c("reward.min_answer_chars", _int(0), "an integer >= 0")
     c("loss.kl_coef", _num(0.0), "a number >= 0")
     c("loss.clip_ratio_low", _num(0.0, 1.0, hi_open=True), "a number in [0, 1)")
@@ -131,6 +136,9 @@ def validate_config(cfg: DictConfig) -> None:
     c("callbacks.preemption.grace_s", _num(0.0), "a number of seconds >= 0")
     c("debug.nan_grad_steps", lambda v: all(isinstance(x, int) and x >= 0 for x in v), "a list of SCORE step numbers")
     c("trainer.max_steps", _int(1), "an integer >= 1 (SCORE steps)")
+    if OmegaConf.select(cfg, "threads") is not None:
+        c("threads.num", lambda v: v == "auto" or _int(1)(v), "'auto' or an integer >= 1 (CPU threads per process)")
+        c("threads.runs", _int(1), "an integer >= 1 (independent runs sharing this machine's cores)")
     c("trainer.precision", lambda v: str(v) in _PRECISIONS, f"one of {sorted(_PRECISIONS)} (fp16 with a grad scaler is not supported)")
     c("retriever.kind", lambda v: v in ("bm25", "http"), "'bm25' or 'http'")
     c("rollout.engine", lambda v: v in ("hf", "vllm", "scripted"), "'hf', 'vllm' or 'scripted'")
@@ -161,6 +169,9 @@ def validate_config(cfg: DictConfig) -> None:
         except CheckpointError as exc:
             e.append(str(exc))
     _check_master_weights(cfg, e)
+    template = OmegaConf.select(cfg, "model.chat_template")
+    if isinstance(template, str) and template and "{" not in template and not Path(template).expanduser().is_file():
+        e.append(f"model.chat_template={template!r}: neither a Jinja template nor a file")
     if OmegaConf.select(cfg, "model.name_or_path") is None and OmegaConf.select(cfg, "model.tiny") is None:
         e.append("model.name_or_path: null needs model.tiny (the tiny-model spec); set a checkpoint path or use model=tiny")
     mb, bs = OmegaConf.select(cfg, "optim.mini_batch_size"), OmegaConf.select(cfg, "data.batch_size")
@@ -259,10 +270,11 @@ def _check_lora(cfg: DictConfig, errors: list[str]) -> None:
     names = lambda v: isinstance(v, ListConfig) and len(v) > 0 and all(isinstance(x, str) and x for x in v)  # noqa: E731
     c("model.lora.target_modules", lambda v: v == "all-linear" or names(v),
       "'all-linear' or a non-empty list of module names, e.g. [q_proj, v_proj]")
-    import importlib.util
+    from score_lightning.preflight import missing_package
 
-    if importlib.util.find_spec("peft") is None:
-        errors.append("model.lora.enabled=true needs peft: pip install -e '.[lora]'")
+    line = missing_package("peft", "model.lora.enabled=true", "pip install -e '.[lora]'")
+    if line:
+        errors.append(line)
     if OmegaConf.select(cfg, "actor.shared") is False:
         errors.append("model.lora.enabled=true with actor.shared=false: a separate evaluator is not supported with "
                       "LoRA. It would need a second full base model (what LoRA is meant to avoid) or a second "

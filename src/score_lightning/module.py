@@ -33,6 +33,7 @@ from score_lightning.rng import rng_state, seed_rank, set_rng_state
 from score_lightning.rubrics.base import RubricContext
 from score_lightning.step.evaluator_phase import centre, sample_rewards
 from score_lightning.step.evaluator_update import ReinforceSettings, evaluator_update
+from score_lightning.step.evaluations import group_evaluations
 from score_lightning.step.faults import FaultMonitor, guarded_step
 from score_lightning.step.record import record_rewards, record_rollouts, record_solver_update
 from score_lightning.step.report import global_values, report_distributions, report_texts, throughput
@@ -205,8 +206,9 @@ class ScoreModule(LightningModule):
         """Stages 2-3: the evaluator scores the K reports of each query; rewards with gates and verifier."""
         answers = parse_answers(ro.solver, self.tokenizer, self.reward_settings)
         reports = [[a.answer if a.answer else None for a in answers[i:i + self.K]] for i in range(0, len(answers), self.K)]
+        sources = [[t.retrieved_ids for t in ro.solver[i:i + self.K]] for i in range(0, len(ro.solver), self.K)]
         ro.scoring = scoring_rollouts(self.evaluator_engine, self.tokenizer, self.retriever, ro.queries, reports,
-                                      ro.rubrics.per_query, self.harness_state, self.rollout_settings)
+                                      ro.rubrics.per_query, self.harness_state, self.rollout_settings, sources)
         return assemble_rewards(answers, ro.scoring, ro.rubrics.per_query, self.harness_state, self.K,
                                 self.reward_settings, self.tokenizer)
 
@@ -229,7 +231,8 @@ class ScoreModule(LightningModule):
         if not bool(c.solver.freeze):
             upd = solver_update(self.policy, self.ref, ro.solver, rw.rewards, self.grpo_settings,
                                 self.tokenizer.pad_token_id, self._hooks("solver", self.policy),
-                                need_trainer_logprobs=c.rollout.engine == "vllm", step_bonus=st.bonus)
+                                need_trainer_logprobs=c.rollout.engine == "vllm", step_bonus=st.bonus,
+                                neutral=rw.neutral)
             record_solver_update(sc, upd)  # also rollout/logprob_diff when the update computed trainer log-probs
             metrics.update({"solver/grad_norm": float(np.mean(upd.grad_norms)) if upd.grad_norms else 0.0,
                             "solver/updates": float(upd.updates)})
@@ -277,10 +280,12 @@ class ScoreModule(LightningModule):
     def _preference_value(self, ro: StepRollouts):
         """A thunk: the step's preference agreement for the step rubric (collective when called)."""
         def score_pairs(prompts, groups):
-            rubrics = [ro.rubrics.first] * len(prompts)
-            trajs = scoring_rollouts(self.evaluator_engine, self.tokenizer, self.retriever, prompts, groups, rubrics,
-                                     self.harness_state, self.rollout_settings)
-            return [t.model_text(self.tokenizer) for t in trajs]
+            rubric = ro.rubrics.first
+            trajs = scoring_rollouts(self.evaluator_engine, self.tokenizer, self.retriever, prompts, groups,
+                                     [rubric] * len(prompts), self.harness_state, self.rollout_settings)
+            evals = group_evaluations(trajs, [rubric] * len(prompts), 2, self.rollout_settings.scoring_protocol,
+                                      self.harness_state.process_constraints, self.tokenizer)
+            return [g.parse.score_matrix(rubric, 2) for g in evals]
 
         return lambda: self.preference.reward(self.score_step, ro.rubrics.first, score_pairs, self.evaluator_engine)
 

@@ -137,6 +137,18 @@ def probe_retriever(cfg: DictConfig) -> None:
         ) from None
 
 
+def probe_model(cfg: DictConfig) -> None:
+    """Fail in seconds, before any weight loads, when ``model.name_or_path`` cannot load (see preflight)."""
+    path = cfg.model.get("name_or_path")
+    if not path:  # the tiny model, built locally
+        return
+    from score_lightning.preflight import check_model_source
+
+    source = check_model_source(str(path), "model.name_or_path")
+    log.info("model.name_or_path=%s: loading from %s", path,
+             {"local": "a local directory", "cache": "the Hugging Face cache", "hub": "the hub"}[source])
+
+
 def _port(url: str) -> str:
     from urllib.parse import urlparse
 
@@ -153,6 +165,7 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
     """
     resolve_output_dir(cfg)
     validate_config(cfg)  # before the heavy imports: a bad value is refused in seconds
+    probe_model(cfg)  # cheap (the cache, at most one HEAD request) before the retriever's retries
     probe_retriever(cfg)
     import lightning.pytorch as pl
     import torch
@@ -161,8 +174,10 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
     from score_lightning.data.datamodule import QueryDataModule
     from score_lightning.console import quiet_console
     from score_lightning.module import ScoreModule
+    from score_lightning.threads import apply_threads
 
     quiet_console()
+    apply_threads(cfg)
     callbacks = build_callbacks(cfg) + list(extra_callbacks or [])
     pl.seed_everything(int(cfg.seed), workers=True)
     torch.set_float32_matmul_precision("high")

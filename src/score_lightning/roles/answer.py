@@ -9,9 +9,13 @@ Validity a(r) of a solver trajectory (``parse_answer``) is 1 when **all** hold, 
 3. the answer has at least ``min_chars`` non-whitespace characters (default 20);
 4. no protocol tags are nested inside it: ``<search>``, ``</search>``, ``<answer>``,
    ``<observation>``, ``</observation>`` (a report that still tries to act is not a report);
-5. with ``require_citation=True``, it cites at least one corpus id as ``[doc_id]``.
+5. with ``require_citation=True``, it cites at least one corpus id as ``[doc_id]``;
+6. with ``require_grounded=True`` (``reward.citations=retrieved``), it cites at least one id and every
+   cited id is among ``retrieved``, the ids that the trajectory's own searches returned. Without this rule
+   any bracketed id passes, and RL learns to cite without citing what it read.
 
-The first failing rule is given as ``reason``. Citations are collected from the answer even when
+The first failing rule is given as ``reason``; ``format_valid`` says whether rules 1-5 hold, so the
+share of otherwise valid reports that cite an unretrieved id stays observable under either rule. Citations are collected from the answer even when
 it is invalid, so citation metrics can still look at them.
 
 ``extract_conclusion`` gives the text the evaluator's consistency reward compares across the K
@@ -21,6 +25,7 @@ reports of one query (see its docstring for the rule).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from score_lightning.data.corpus import LOADABLE_ID_RE
@@ -45,6 +50,8 @@ class AnswerParse:
     valid: bool
     reason: str  # "" when valid
     cited_ids: tuple[str, ...]  # unique, in order of first citation
+    format_valid: bool = False  # rules 1-5 hold (validity before the grounding rule)
+    ungrounded: tuple[str, ...] = ()  # cited ids the trajectory never retrieved (empty when not checked)
 
 
 def cited_ids(text: str) -> tuple[str, ...]:
@@ -67,9 +74,14 @@ def _last_answer_block(text: str) -> tuple[str | None, str]:
 
 
 def parse_answer(
-    text: str, truncated: bool = False, *, require_citation: bool = False, min_chars: int = 20
+    text: str, truncated: bool = False, *, require_citation: bool = False, min_chars: int = 20,
+    retrieved: Sequence[str] | None = None, require_grounded: bool = False,
 ) -> AnswerParse:
-    """The final report and its validity a(r) (rules in the module docstring). Never raises."""
+    """The final report and its validity a(r) (rules in the module docstring). Never raises.
+
+    ``retrieved``: the ids the trajectory's searches returned. Given, ``ungrounded`` lists the cited ids
+    outside it; ``require_grounded`` makes them (or no citation at all) invalidate the report.
+    """
     if not isinstance(text, str):
         return AnswerParse(None, False, "not text", ())
     raw, reason = _last_answer_block(text)
@@ -87,7 +99,17 @@ def parse_answer(
         reason = f"answer too short ({n_chars} < {min_chars} non-space chars)"
     elif require_citation and not cites:
         reason = "no citation"
-    return AnswerParse(answer, not reason, reason, cites)
+    format_ok = not reason
+    ungrounded: tuple[str, ...] = ()
+    if retrieved is not None or require_grounded:
+        seen = set(retrieved or ())
+        ungrounded = tuple(c for c in cites if c not in seen)
+    if require_grounded:
+        if format_ok and not cites:
+            reason = "no citation"
+        elif format_ok and ungrounded:
+            reason = f"cites an id it never retrieved ([{ungrounded[0]}])"
+    return AnswerParse(answer, not reason, reason, cites, format_ok, ungrounded)
 
 
 def strip_citations(text: str) -> str:

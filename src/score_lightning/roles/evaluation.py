@@ -55,6 +55,7 @@ class ReportScores:
     has_gap_analysis: bool
     valid: bool
     error: str
+    closed: bool = True  # its </report> was written (False: the evaluation stopped inside it)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,16 @@ class EvaluationParse:
     reports: dict[int, ReportScores] = field(default_factory=dict)  # report id (1..K) -> scores
     valid: bool = False
     error: str = ""
+    closed: bool = False  # the <report_evaluations> block was closed
+
+    def reaches_every_report(self, num_reports: int) -> bool:
+        """The evaluation got to the end: its block is closed and every report 1..K has a closed ``<report>``.
+
+        An evaluation that stopped early (cut by its budget, or ended before the last report) says
+        nothing about the reports it never reached; scoring them 0 would punish them for their place
+        in the list (see ``step/evaluations.py``).
+        """
+        return self.closed and all(rid in self.reports and self.reports[rid].closed for rid in range(1, num_reports + 1))
 
     def score_matrix(self, rubric: Rubric, num_reports: int) -> list[list[float]]:
         """``[K][k]`` scores in rubric order; a missing report or dimension scores 0.0.
@@ -134,7 +145,7 @@ def _parse_report(
     scores, score_errors = _parse_scores(region, rubric.dims)
     errors.extend(score_errors)
     error = f"report {rid}: {errors[0]}" if errors else ""
-    return ReportScores(rid, scores, has_ver, has_gap, valid=not errors, error=error)
+    return ReportScores(rid, scores, has_ver, has_gap, valid=not errors, error=error, closed=closed)
 
 
 def parse_evaluation(
@@ -149,6 +160,7 @@ def parse_evaluation(
     if not isinstance(text, str):
         return EvaluationParse({}, False, "not text")
     errors: list[str] = []
+    closed = False
     start = text.rfind(EVALS_OPEN)
     if start < 0:
         errors.append(f"missing {EVALS_OPEN}")
@@ -159,7 +171,7 @@ def parse_evaluation(
         if end < 0:
             errors.append(f"missing {EVALS_CLOSE}")
         else:
-            region = region[:end]
+            region, closed = region[:end], True
 
     reports: dict[int, ReportScores] = {}
     openers = list(_REPORT_OPEN_RE.finditer(region))
@@ -191,4 +203,4 @@ def parse_evaluation(
             errors.append(rep.error)
     if num_reports < 1:
         errors.append(f"num_reports={num_reports} must be >= 1")
-    return EvaluationParse(reports, valid=not errors, error=errors[0] if errors else "")
+    return EvaluationParse(reports, valid=not errors, error=errors[0] if errors else "", closed=closed)

@@ -72,6 +72,28 @@ SCORING_SYSTEM = (
 )
 
 
+#: One report per prompt (``evaluator.scoring=pointwise``): the same XML with a single ``<report id="1">``,
+#: so one parser and one grammar serve both protocols.
+POINTWISE_SCORING_SYSTEM = (
+    "You are the evaluator. Judge the one report below against the rubric. You may first verify "
+    f"claims: write {SEARCH_OPEN}query{SEARCH_CLOSE} and read the {OBS_OPEN}. Then output:\n"
+    f'{EVALS_OPEN}<report id="1">{VERIFICATION_OPEN}claims checked against evidence{VERIFICATION_CLOSE}'
+    f"{GAP_OPEN}what is missing or wrong{GAP_CLOSE}"
+    f'{SCORES_OPEN}<score dim="NAME" value="7" reason="short reason"/>...{SCORES_CLOSE}{REPORT_CLOSE}'
+    f"{EVALS_CLOSE}\n"
+    "One <score> per rubric dimension, integer values 0-10 (10 best). "
+    "Unsupported claims and citations of documents that were never retrieved lose points."
+)
+
+#: The line that shows, above a report, the ids its solver's searches returned (``evaluator.show_retrieved``).
+RETRIEVED_PREFIX = "Retrieved by its searches:"
+
+
+def retrieved_line(ids: Sequence[str] | None) -> str:
+    """``Retrieved by its searches: [a] [b]`` (``none`` when the solver never searched)."""
+    return f"{RETRIEVED_PREFIX} {' '.join(f'[{d}]' for d in ids) if ids else 'none'}"
+
+
 def _line(dim: str, weight: float | None, state: HarnessState) -> str:
     label = dim if weight is None else f"{dim} (weight {format_weight(weight)})"
     definition = state.dimension_pool.get(dim, "")
@@ -168,12 +190,24 @@ def rubric_messages(
     return [{"role": "system", "content": RUBRIC_SYSTEM}, {"role": "user", "content": user}]
 
 
-def scoring_messages(query: str, reports: Sequence[str], rubric: Rubric, state: HarnessState) -> list[Message]:
-    """System: the scoring XML. User: query, rubric, process rules, notes and reports numbered 1..K."""
-    body = "\n\n".join(f"[Report {i}]\n{r.strip()}" for i, r in enumerate(reports, 1))
+def scoring_messages(query: str, reports: Sequence[str], rubric: Rubric, state: HarnessState,
+                     sources: Sequence[Sequence[str]] | None = None, pointwise: bool = False) -> list[Message]:
+    """System: the scoring XML. User: query, rubric, process rules, notes and reports numbered 1..K.
+
+    ``sources`` (one id list per report, ``evaluator.show_retrieved``) puts the ids each report's searches
+    returned above it, so the citation cross-check is something the evaluator can actually do.
+    ``pointwise``: one report per prompt (``evaluator.scoring=pointwise``), with its own system prompt.
+    """
+    if pointwise and len(reports) != 1:
+        raise ValueError(f"pointwise scoring shows one report per prompt, got {len(reports)}")
+    shown = [f"{retrieved_line(sources[i])}\n{r.strip()}" if sources is not None else r.strip()
+             for i, r in enumerate(reports)]
+    body = "\n\n".join(f"[Report {i}]\n{r}" for i, r in enumerate(shown, 1))
+    head = "Report (id 1)" if pointwise else f"Reports (ids 1..{len(reports)})"
     user = (
         f"Question: {query.strip()}\n\nRubric:\n{format_rubric(rubric, state)}\n\n"
         f"{format_process_rules(state)}{_notes(state)}\n\n"
-        f"Reports (ids 1..{len(reports)}):\n\n{body}"
+        f"{head}:\n\n{body}"
     )
-    return [{"role": "system", "content": SCORING_SYSTEM}, {"role": "user", "content": user}]
+    return [{"role": "system", "content": POINTWISE_SCORING_SYSTEM if pointwise else SCORING_SYSTEM},
+            {"role": "user", "content": user}]

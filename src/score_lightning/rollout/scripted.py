@@ -33,11 +33,12 @@ _FIRST_QUERY_RE = re.compile(r"Queries:\n1\. (.*?)\n")
 def prompt_role(prompt_text: str) -> str:
     """Which of the actor's prompts this is, from its system message."""
     from score_lightning.roles import mams_prompts as M
-    from score_lightning.roles.prompts import RUBRIC_SYSTEM, SCORING_SYSTEM, SOLVER_SYSTEM
+    from score_lightning.roles.prompts import POINTWISE_SCORING_SYSTEM, RUBRIC_SYSTEM, SCORING_SYSTEM, SOLVER_SYSTEM
     from score_lightning.roles.step_judge import STEP_SYSTEM
     from score_lightning.rubrics.items import ITEMS_SYSTEM
 
     for role, system in (("rubric", RUBRIC_SYSTEM), ("items", ITEMS_SYSTEM), ("scoring", SCORING_SYSTEM),
+                         ("scoring", POINTWISE_SCORING_SYSTEM),
                          ("solver", SOLVER_SYSTEM), ("mams_search", M.MAMS_SEARCH_SYSTEM),
                          ("mams_state", M.MAMS_STATE_SYSTEM), ("mams_report", M.MAMS_REPORT_SYSTEM),
                          ("step", STEP_SYSTEM)):
@@ -137,6 +138,7 @@ _RUBRIC_LINE_RE = re.compile(r"^- ([a-z][a-z0-9_]*) \(weight ", re.MULTILINE)
 _K_RE = re.compile(r"k = (\d+) dimensions; must include: (.*?); each weight between ([0-9.]+) and ([0-9.]+)")
 _OBS_ID_RE = re.compile(r"(?:^|<observation>)\[([^\]\s]+)\] ", re.MULTILINE)
 _REPORT_RE = re.compile(r"\[Report (\d+)\]\n(.*?)(?=\n\n\[Report \d+\]|\Z)", re.DOTALL)
+_RETRIEVED_LINE_RE = re.compile(r"^Retrieved by its searches:.*\n", re.MULTILINE)
 
 
 class ProtocolResponder:
@@ -207,8 +209,8 @@ class ProtocolResponder:
             return f"{P.SEARCH_OPEN}verify {req.query[:40]}{P.SEARCH_CLOSE}"
         dims = _RUBRIC_LINE_RE.findall(req.prompt.split("Rubric:", 1)[-1].split("Process rules", 1)[0])
         reports = []
-        for rid, text in _REPORT_RE.findall(req.prompt.split("Reports (ids", 1)[-1]):
-            cites = len(re.findall(r"\[[^\]\s]+\]", text))
+        for rid, text in _REPORT_RE.findall(req.prompt.split("Process rules", 1)[-1]):  # K reports, or one (pointwise)
+            cites = len(re.findall(r"\[[^\]\s]+\]", _RETRIEVED_LINE_RE.sub("", text)))
             value = min(10, 2 + 3 * cites + len(text) // 120)
             scores = "".join(f'<score dim="{d}" value="{value}" reason="cites {cites}"/>' for d in dims)
             reports.append(f'<report id="{rid}">{P.VERIFICATION_OPEN}checked {cites} citations{P.VERIFICATION_CLOSE}'

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from score_lightning import distributed as D
 from score_lightning.data.corpus import DataFormatError, iter_jsonl
-from score_lightning.roles.evaluation import parse_evaluation
 from score_lightning.roles.rubric import Rubric
 from score_lightning.rollout.engine import is_collective
 
@@ -60,7 +59,8 @@ class PreferenceReward:
     def reward(self, step: int, rubric: Rubric, score_pairs, engine=None) -> float:
         """The step's preference reward (collective: rank 0 scores, or every rank with a collective engine).
 
-        ``score_pairs(prompts, report_pairs) -> list[scoring text]`` runs the evaluator's scoring on ``engine``.
+        ``score_pairs(prompts, report_pairs) -> list[[2][k] scores]`` runs the evaluator's scoring on ``engine``
+        (under ``evaluator.scoring``: one evaluation of the pair, or one per report) and returns each pair's scores.
         """
         rng = random.Random(f"{self.seed}-{step}")
         chosen = rng.sample(self.pairs, min(self.pairs_per_step, len(self.pairs)))
@@ -68,10 +68,9 @@ class PreferenceReward:
         if D.rank() == 0 or is_collective(engine):
             flips = [i % 2 == 1 for i in range(len(chosen))]  # alternate positions: no position bias
             groups = [[p["rejected"], p["chosen"]] if f else [p["chosen"], p["rejected"]] for p, f in zip(chosen, flips)]
-            texts = score_pairs([p["prompt"] for p in chosen], groups)
+            matrices = score_pairs([p["prompt"] for p in chosen], groups)
             agree = []
-            for text, flip in zip(texts, flips):
-                rows = parse_evaluation(text, rubric, 2).score_matrix(rubric, 2)
+            for rows, flip in zip(matrices, flips):
                 parts = [sum(w * s for w, s in zip(rubric.weights, row)) for row in rows]
                 good, bad = (parts[1], parts[0]) if flip else (parts[0], parts[1])
                 agree.append(1.0 if good > bad else 0.5 if good == bad else 0.0)

@@ -12,6 +12,14 @@ R_s(r) = a(r) * (1 + sum_j w_j s_j(r)), with two gates that make the harness con
   or scores 0 (``verifier.zero=scores``). tau_s is fixed, as in the paper; the harness's
   ``min_number_of_tool_call`` is a prompt rule. ``verifier.tau_from_harness=true`` couples them
   (tau_s = the larger of the two), which can ratchet: see :func:`effective_tau`.
+
+Either scoring protocol (``evaluator.scoring``) arrives as one :class:`GroupEvaluation` per query
+(:mod:`~score_lightning.step.evaluations`): under ``joint`` the gate covers the query's one evaluation,
+under ``pointwise`` each report's own. A group whose evaluation is incomplete keeps its rewards (for the
+logs) but is ``neutral``: the solver update gives it zero advantage.
+
+Validity a(r) follows ``reward.citations``: ``any`` (the paper's rule: any bracketed id counts) or
+``retrieved`` (at least one citation, and every cited id among those the trajectory's searches returned).
 """
 
 from __future__ import annotations
@@ -22,12 +30,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from score_lightning.harness.state import HarnessState, ProcessConstraints
+from score_lightning.harness.state import HarnessState
 from score_lightning.rewards.functions import rewards_from_parts
 from score_lightning.roles.answer import AnswerParse, parse_answer
-from score_lightning.roles.evaluation import EvaluationParse, parse_evaluation
 from score_lightning.roles.rubric import Rubric
 from score_lightning.rollout.trajectory import Trajectory
+from score_lightning.step.evaluations import GroupEvaluation, group_evaluations, meets_process_rules  # noqa: F401
+
+CITATION_RULES = ("any", "retrieved")
 
 
 @dataclass(frozen=True)
@@ -39,12 +49,15 @@ class RewardSettings:
     verifier_enabled: bool
     min_search_depth: int
     zero: str = "reward"
+    citations: str = "any"  # reward.citations: any | retrieved (grounded validity)
+    scoring: str = "joint"  # evaluator.scoring: joint | pointwise
     tau_from_harness: bool = False  # verifier.tau_from_harness
 
     @classmethod
     def from_cfg(cls, cfg) -> "RewardSettings":
         return cls(bool(cfg.reward.require_citation), int(cfg.reward.min_answer_chars), bool(cfg.verifier.enabled),
                    int(cfg.verifier.min_search_depth), str(cfg.verifier.get("zero", "reward")),
+                   str(cfg.reward.get("citations", "any")), str(cfg.evaluator.get("scoring", "joint")),
                    bool(cfg.verifier.get("tau_from_harness", False)))
 
 
@@ -59,10 +72,19 @@ class StepRewards:
     depth: Tensor  # [N] verification searches behind each report's scores
     verified: Tensor  # [N] bool, depth >= tau
     process_ok: Tensor  # [N] bool, the report's evaluation met the process rules
-    eval_valid: list[bool]  # per query: the scoring XML parsed completely
+    eval_valid: list[bool]  # per evaluation (one per query joint, one per report pointwise): its XML parsed completely
     rewards: Tensor  # [N] s_i^k, what GRPO normalises
     tau: int
     reports_valid: list[bool] = field(default_factory=list)  # per report: its scores parsed completely (what feeds R_s)
+    complete: list[bool] = field(default_factory=list)  # per query: its evaluation reached every report (else neutral)
+
+    @property
+    def neutral(self) -> Tensor:
+        """[N] bool: reports of groups whose evaluation was incomplete; their solver advantage is 0."""
+        if not self.complete:
+            return torch.zeros(len(self.answers), dtype=torch.bool)
+        k = len(self.answers) // len(self.complete)
+        return torch.tensor([not c for c in self.complete for _ in range(k)], dtype=torch.bool)
 
 
 def rubric_part(scores: Tensor, rubric: Rubric) -> Tensor:
@@ -87,51 +109,38 @@ def effective_tau(min_search_depth: int, state: HarnessState, from_harness: bool
     return max(int(min_search_depth), int(state.process_constraints.min_number_of_tool_call))
 
 
-def meets_process_rules(ev: EvaluationParse, num_reports: int, pc: ProcessConstraints) -> bool:
-    """Every report 1..K has the sections the harness requires (always true when none is required)."""
-    if not (pc.require_verification or pc.require_gap_analysis):
-        return True
-    for rid in range(1, num_reports + 1):
-        rep = ev.reports.get(rid)
-        if rep is None:
-            return False
-        if pc.require_verification and not rep.has_verification:
-            return False
-        if pc.require_gap_analysis and not rep.has_gap_analysis:
-            return False
-    return True
-
-
 def parse_answers(solver: Sequence[Trajectory], tokenizer, settings: RewardSettings) -> list[AnswerParse]:
     """a(r) and the report text of every solver trajectory (judged on model-written tokens only)."""
+    grounded = settings.citations == "retrieved"
     return [parse_answer(t.model_text(tokenizer), t.truncated, require_citation=settings.require_citation,
-                         min_chars=settings.min_answer_chars) for t in solver]
+                         min_chars=settings.min_answer_chars, retrieved=t.retrieved_ids, require_grounded=grounded)
+            for t in solver]
 
 
 def assemble_rewards(
     answers: Sequence[AnswerParse], scoring: Sequence[Trajectory], rubrics: Sequence[Rubric], state: HarnessState,
     num_reports: int, settings: RewardSettings, tokenizer,
 ) -> StepRewards:
-    """Parse each query's evaluation under that query's rubric and combine validity, scores, gates and the verifier."""
-    pc = state.process_constraints
+    """Parse each query's evaluation(s) under that query's rubric and combine validity, scores, gates and the verifier."""
+    groups = group_evaluations(scoring, rubrics, num_reports, settings.scoring, state.process_constraints, tokenizer)
+    tau = effective_tau(settings.min_search_depth, state, settings.tau_from_harness)
+    return rewards_from_evaluations(answers, groups, rubrics, num_reports, tau, settings)
+
+
+def rewards_from_evaluations(answers: Sequence[AnswerParse], groups: Sequence[GroupEvaluation],
+                             rubrics: Sequence[Rubric], num_reports: int, tau: int,
+                             settings: RewardSettings) -> StepRewards:
+    """The process gate per evaluation, then :func:`combine`; pure, so tests can feed hand-made evaluations."""
     matrices: list[Tensor] = []
-    depth: list[int] = []
-    process_ok: list[bool] = []
-    eval_valid: list[bool] = []
-    reports_valid: list[bool] = []
-    for st, rubric in zip(scoring, rubrics):
-        ev = parse_evaluation(st.model_text(tokenizer), rubric, num_reports, require_verification=pc.require_verification,
-                              require_gap_analysis=pc.require_gap_analysis)
-        ok = meets_process_rules(ev, num_reports, pc)
-        matrix = torch.tensor(ev.score_matrix(rubric, num_reports), dtype=torch.float32).reshape(num_reports, -1)
-        matrices.append(matrix if ok else torch.zeros_like(matrix))
-        depth.extend([len(st.search_queries)] * num_reports)
-        process_ok.extend([ok] * num_reports)
-        eval_valid.append(ev.valid)
-        reports_valid.extend(ev.reports.get(rid) is not None and ev.reports[rid].valid for rid in range(1, num_reports + 1))
-    out = combine(answers, matrices, rubrics, depth, process_ok, eval_valid,
-                  effective_tau(settings.min_search_depth, state, settings.tau_from_harness), settings)
-    out.reports_valid = reports_valid
+    for g, rubric in zip(groups, rubrics):
+        matrix = torch.tensor(g.parse.score_matrix(rubric, num_reports), dtype=torch.float32).reshape(num_reports, -1)
+        ok = torch.tensor(g.process_ok, dtype=torch.bool).unsqueeze(-1)
+        matrices.append(torch.where(ok, matrix, torch.zeros_like(matrix)))
+    out = combine(answers, matrices, rubrics, [d for g in groups for d in g.depth],
+                  [ok for g in groups for ok in g.process_ok], [v for g in groups for v in g.evaluations_valid], tau,
+                  settings)
+    out.reports_valid = [g.report_valid(rid) for g in groups for rid in range(1, num_reports + 1)]
+    out.complete = [g.complete for g in groups]
     return out
 
 

@@ -42,6 +42,8 @@ class RolloutSettings:
     mams: MamsConfig | None = None  # solver.mams.* budgets (solver.agent=mams)
     constrained_scoring: bool = False  # evaluator.constrained_scoring: scoring turns held to the rubric's XML
     constrained_max_chars: dict | None = None  # evaluator.constrained_max_chars: caps of its free-text fields
+    scoring_protocol: str = "joint"  # evaluator.scoring: joint (one evaluation of all K) | pointwise (one per report)
+    show_retrieved: bool = False  # evaluator.show_retrieved: each report shown with the ids its searches returned
     scoring_max_prompt_tokens: int | None = None  # evaluator.max_prompt_tokens (None: max_prompt_tokens)
 
     @classmethod
@@ -62,6 +64,7 @@ class RolloutSettings:
         return cls(int(s.num_rollouts), int(s.max_prompt_tokens), solver, scoring, int(e.max_report_tokens),
                    bool(s.get("conclusion_line", True)), agent, MamsConfig.from_cfg(cfg) if agent == "mams" else None,
                    bool(e.get("constrained_scoring", False)), constrained_max_chars(cfg),
+                   str(e.get("scoring", "joint")), bool(e.get("show_retrieved", False)),
                    int(e.get("max_prompt_tokens", s.max_prompt_tokens)))
 
 
@@ -111,18 +114,31 @@ def solver_rollouts(engine: RolloutEngine, tokenizer, retriever: Retriever, quer
 
 def scoring_rollouts(engine: RolloutEngine, tokenizer, retriever: Retriever, queries: Sequence[str],
                      reports: Sequence[Sequence[str | None]], rubrics: Sequence[Rubric], state: HarnessState,
-                     settings: RolloutSettings) -> list[Trajectory]:
-    """One scoring trajectory per query over its K reports, under its rubric (``None``: no report written)."""
+                     settings: RolloutSettings, sources: Sequence[Sequence[Sequence[str]]] | None = None,
+                     ) -> list[Trajectory]:
+    """The evaluations of each query's K reports under its rubric (``None``: no report written).
+
+    ``evaluator.scoring=joint``: one trajectory per query over all its reports. ``pointwise``: one per
+    report (query-major), each prompt holding the query, the rubric and that report; all of them run as
+    one batch. ``sources`` (per query, per report: the ids its searches returned) is shown when
+    ``evaluator.show_retrieved`` is on. :func:`~score_lightning.step.evaluations.group_evaluations` reads either back.
+    """
     prompts, constraints = [], []
     pc = state.process_constraints
+    pointwise = settings.scoring_protocol == "pointwise"
     added = text_added_tokens(tokenizer) if settings.constrained_scoring else {}
-    for q, group, rubric in zip(queries, reports, rubrics):
+    for i, (q, group, rubric) in enumerate(zip(queries, reports, rubrics)):
         shown = [truncate_text(tokenizer, r if r else "(no report)", settings.max_report_tokens) for r in group]
-        prompts.append(encode_chat(tokenizer, scoring_messages(q, shown, rubric, state),
-                                   settings.scoring_max_prompt_tokens or settings.max_prompt_tokens,
-                                   key="evaluator.max_prompt_tokens"))
-        if settings.constrained_scoring:
-            constraints.append(ScoringConstraint(rubric.dims, len(group), pc.require_verification,
-                                                 pc.require_gap_analysis, added, settings.constrained_max_chars))
+        # callers without sources (preference pairs: texts, no trajectories) show no retrieved line
+        ids = [list(s) for s in sources[i]] if (settings.show_retrieved and sources is not None) else None
+        batches = [([r], None if ids is None else [ids[k]]) for k, r in enumerate(shown)] if pointwise \
+            else [(shown, ids)]
+        for shown_reports, shown_ids in batches:
+            msgs = scoring_messages(q, shown_reports, rubric, state, shown_ids, pointwise=pointwise)
+            prompts.append(encode_chat(tokenizer, msgs, settings.scoring_max_prompt_tokens or settings.max_prompt_tokens,
+                                       key="evaluator.max_prompt_tokens"))
+            if settings.constrained_scoring:
+                constraints.append(ScoringConstraint(rubric.dims, len(shown_reports), pc.require_verification,
+                                                     pc.require_gap_analysis, added, settings.constrained_max_chars))
     return run_agent(engine, tokenizer, prompts, retriever, settings.scoring,
                      constraints=constraints if settings.constrained_scoring else None)

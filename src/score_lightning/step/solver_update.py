@@ -101,13 +101,17 @@ def chunked_logprobs(model: nn.Module, batch: TokenBatch, temperature: float, mi
 def solver_update(policy: nn.Module, ref: nn.Module | None, trajs: Sequence[Trajectory], rewards: Tensor,
                   settings: GRPOSettings, pad_id: int, hooks: OptimizerHooks,
                   need_trainer_logprobs: bool = False,
-                  step_bonus: Sequence[Sequence[TokenBonus]] | None = None) -> SolverUpdateResult:
+                  step_bonus: Sequence[Sequence[TokenBonus]] | None = None,
+                  neutral: Tensor | None = None) -> SolverUpdateResult:
     """GRPO over this rank's trajectories (query-major, K per query). Collective under data parallelism.
 
     ``step_bonus`` (one list per trajectory): per-token additions to the trajectory advantage.
+    ``neutral`` ([N] bool): trajectories of groups whose evaluation was incomplete get advantage 0.
     """
     s = settings
     adv = group_advantages(rewards, s.num_rollouts, normalize_std=s.norm_adv_by_std, eps=s.adv_eps)
+    if neutral is not None:
+        adv = adv.masked_fill(neutral.to(adv.device), 0.0)
     tr = training_rows(trajs)
     batch = build_token_batch([t.prompt_ids for t in tr.rows], [t.response_ids for t in tr.rows],
                               [t.response_mask for t in tr.rows], pad_id)

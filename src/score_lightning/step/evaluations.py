@@ -1,0 +1,95 @@
+"""From scoring trajectories to one :class:`GroupEvaluation` per query, for either scoring protocol.
+
+``evaluator.scoring=joint`` (the paper's Listing 4): one evaluation per query scores all K reports,
+so its searches verify every report and a process rule it breaks gates all of them.
+``evaluator.scoring=pointwise`` (DR Tulu's judge and most rubric-RL systems): one evaluation per
+report, in its own prompt; searches, verification depth, the process gate and completeness are per
+report. Both become the same per-query record here, so reward assembly, the logs and the probes do not
+care which protocol produced it.
+
+**Incomplete evaluations are neutral.** An evaluation that was cut by its budget, or ended before it
+closed every report's block, says nothing about the reports it did not reach. Scoring them 0 would
+make their reward fall to a(r) because of their place in the list, so such a group is marked
+incomplete and its solver advantages are set to 0 (``evaluator/incomplete_rate`` counts it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from score_lightning.harness.state import ProcessConstraints
+from score_lightning.roles.evaluation import EvaluationParse, parse_evaluation
+from score_lightning.roles.rubric import Rubric
+from score_lightning.rollout.trajectory import Trajectory
+
+PROTOCOLS = ("joint", "pointwise")
+
+
+@dataclass(frozen=True)
+class GroupEvaluation:
+    """One query's K reports as the evaluator judged them."""
+
+    parse: EvaluationParse  # reports 1..K (pointwise: each report's own evaluation, renumbered)
+    depth: tuple[int, ...]  # per report: verification searches behind its scores
+    process_ok: tuple[bool, ...]  # per report: its evaluation met the harness's process rules
+    evaluations_valid: tuple[bool, ...]  # per evaluation (1 joint, K pointwise): its XML parsed completely
+    complete: bool  # every evaluation reached every report it had to score, and none was truncated
+
+    def report_valid(self, rid: int) -> bool:
+        rep = self.parse.reports.get(rid)
+        return rep is not None and rep.valid
+
+
+def meets_process_rules(ev: EvaluationParse, num_reports: int, pc: ProcessConstraints) -> bool:
+    """Every report 1..K has the sections the harness requires (always true when none is required)."""
+    if not (pc.require_verification or pc.require_gap_analysis):
+        return True
+    for rid in range(1, num_reports + 1):
+        rep = ev.reports.get(rid)
+        if rep is None:
+            return False
+        if pc.require_verification and not rep.has_verification:
+            return False
+        if pc.require_gap_analysis and not rep.has_gap_analysis:
+            return False
+    return True
+
+
+def _parse(traj: Trajectory, rubric: Rubric, num_reports: int, pc: ProcessConstraints, tokenizer) -> EvaluationParse:
+    return parse_evaluation(traj.model_text(tokenizer), rubric, num_reports, require_verification=pc.require_verification,
+                            require_gap_analysis=pc.require_gap_analysis)
+
+
+def _complete(ev: EvaluationParse, traj: Trajectory, num_reports: int) -> bool:
+    return not traj.truncated and ev.reaches_every_report(num_reports)
+
+
+def group_evaluations(scoring: Sequence[Trajectory], rubrics: Sequence[Rubric], num_reports: int, protocol: str,
+                      pc: ProcessConstraints, tokenizer) -> list[GroupEvaluation]:
+    """One record per query from ``scoring`` (joint: one trajectory per query; pointwise: K per query, query-major)."""
+    K = num_reports
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"evaluator.scoring={protocol!r}: allowed {PROTOCOLS}")
+    per_query = 1 if protocol == "joint" else K
+    if len(scoring) != per_query * len(rubrics):
+        raise ValueError(f"{protocol} scoring: expected {per_query * len(rubrics)} evaluations for {len(rubrics)} "
+                         f"queries, got {len(scoring)}")
+    out = []
+    for i, rubric in enumerate(rubrics):
+        trajs = scoring[i * per_query:(i + 1) * per_query]
+        if protocol == "joint":
+            ev = _parse(trajs[0], rubric, K, pc, tokenizer)
+            ok = meets_process_rules(ev, K, pc)
+            out.append(GroupEvaluation(ev, (len(trajs[0].search_queries),) * K, (ok,) * K, (ev.valid,),
+                                       _complete(ev, trajs[0], K)))
+            continue
+        evs = [_parse(t, rubric, 1, pc, tokenizer) for t in trajs]
+        reports = {k: replace(ev.reports[1], report_id=k) for k, ev in enumerate(evs, 1) if 1 in ev.reports}
+        merged = EvaluationParse(reports, valid=all(ev.valid for ev in evs),
+                                 error=next((f"report {k}: {ev.error}" for k, ev in enumerate(evs, 1) if ev.error), ""),
+                                 closed=all(ev.closed for ev in evs))
+        out.append(GroupEvaluation(merged, tuple(len(t.search_queries) for t in trajs),
+                                   tuple(meets_process_rules(ev, 1, pc) for ev in evs), tuple(ev.valid for ev in evs),
+                                   all(_complete(ev, t, 1) for ev, t in zip(evs, trajs))))
+    return out
