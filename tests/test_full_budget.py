@@ -161,8 +161,7 @@ def test_qwen_score_at_full_budget_runs_one_step_and_every_evaluation_reaches_ev
     assert ev.valid and sorted(ev.reports) == list(range(1, K + 1)) and all(r.valid for r in ev.reports.values())
     assert rw.reports_valid == [True] * K and rw.eval_valid == [True]
     assert m["evaluator/scoring_valid_rate"] == 1.0 and m["evaluator/report_scores_valid_rate"] == 1.0
-    if "evaluator/incomplete_rate" in m:
-        assert m["evaluator/incomplete_rate"] == 0.0
+    assert m["evaluator/incomplete_rate"] == 0.0 and rw.complete == [True]
     # rewards that train: verified (10 searches >= tau_s), non-zero and not all equal
     assert bool(rw.verified.all()) and float(rw.rewards.min()) > 0 and float(rw.rewards.std()) > 0
     assert step["solver"].updates == 1 and m["solver/grad_norm"] > 0
