@@ -275,3 +275,26 @@ def test_scoring_temperature_defaults_to_the_evaluator_temperature_and_is_valida
     assert s.scoring.temperature == 0.0 and s.solver.temperature == pytest.approx(1.0)
     with pytest.raises(ConfigError, match="evaluator.scoring_temperature"):
         validate_config(compose(FAST + ["evaluator.scoring_temperature=-0.5"]))
+
+
+def test_rubric_prompt_shortens_evidence_labels_to_fit_its_budget(tokenizer):
+    """Harness notes grow during a run; a rubric prompt that no longer fits cuts D_q^0's labels, then drops them,
+    instead of failing the run mid-way (seen at step 19 of a tiny_score run)."""
+    from score_lightning.harness.scheduler import DimensionScheduler
+    from score_lightning.rollout.chat import encode_chat
+    from score_lightning.roles.evidence import EvidenceDoc
+    from score_lightning.step.rubric_stage import RubricSampling, fitted_rubric_prompt, rubric_prompt
+
+    state = _state()
+    sched = DimensionScheduler(list(state.dimension_pool))
+    long = " ".join(["serialise the object to a JSON formatted string with options"] * 3)
+    evidence = [[EvidenceDoc("json.dumps", long), EvidenceDoc("json.loads", long)]]
+    full = lambda words: len(encode_chat(tokenizer, rubric_prompt(["q?"], evidence, state, sched,  # noqa: E731
+                                                                  RubricSampling(8, 1.0, 10_000, 8), words)))
+    assert full(None) > full(8) > full(0)
+    for cap, words in ((full(None), None), (full(None) - 1, 8), (full(8) - 1, 0)):
+        msgs = fitted_rubric_prompt(tokenizer, ["q?"], evidence, state, sched, RubricSampling(8, 1.0, cap, 8))
+        assert msgs == rubric_prompt(["q?"], evidence, state, sched, RubricSampling(8, 1.0, cap, 8), words)
+    text = fitted_rubric_prompt(tokenizer, ["q?"], evidence, state, sched,
+                                RubricSampling(8, 1.0, full(8) - 1, 8))[1]["content"]
+    assert "[json.dumps]" in text and "serialise" not in text  # ids kept, labels gone

@@ -33,6 +33,10 @@ class EvidenceDoc:
         title = hit.title.strip()
         return cls(str(hit.id), _clip(title if title and title not in str(hit.id) else hit.text))
 
+    def shortened(self, words: int) -> "EvidenceDoc":
+        """The same document with its label cut to ``words`` words (0: the id alone)."""
+        return EvidenceDoc(self.id, _clip(self.label, words) if words > 0 else "")
+
     def line(self) -> str:
         return f"[{self.id}] {self.label}" if self.label else f"[{self.id}]"
 

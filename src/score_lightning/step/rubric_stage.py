@@ -7,6 +7,7 @@ samples it from a prompt over the global batch's queries and broadcasts it with 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,6 +22,8 @@ from score_lightning.rollout.agent import TagStops
 from score_lightning.rollout.chat import encode_chat
 from score_lightning.rollout.engine import RolloutEngine, SamplingParams, is_collective
 from score_lightning.step.types import RubricSample
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -46,11 +49,36 @@ def train_mask(tokenizer, response_ids: Sequence[int]) -> list[int]:
 
 
 def rubric_prompt(queries: Sequence[str], evidence: Sequence[Sequence[EvidenceDoc]], state: HarnessState,
-                  scheduler: DimensionScheduler, settings: RubricSampling) -> list[dict]:
-    """The rubric prompt's messages: the first ``max_queries`` queries with their evidence (ids and titles)."""
+                  scheduler: DimensionScheduler, settings: RubricSampling, label_words: int | None = None) -> list[dict]:
+    """The rubric prompt's messages: the first ``max_queries`` queries with their evidence (ids and titles).
+
+    ``label_words`` cuts each document's label to that many words (0: ids only); ``None`` keeps it whole.
+    """
     n = settings.max_queries
+    docs = [[d if label_words is None else d.shortened(label_words) for d in row] for row in list(evidence)[:n]]
     return rubric_messages(list(queries)[:n], state, scheduler.required(), scheduler.avoided(), scheduler.explore(),
-                           evidence=list(evidence)[:n])
+                           evidence=docs)
+
+
+#: label lengths tried, longest first, when the rubric prompt does not fit its budget
+_LABEL_FALLBACK = (None, 8, 0)
+
+
+def fitted_rubric_prompt(tokenizer, queries: Sequence[str], evidence: Sequence[Sequence[EvidenceDoc]],
+                         state: HarnessState, scheduler: DimensionScheduler, settings: RubricSampling) -> list[dict]:
+    """The most detailed rubric prompt that fits ``solver.max_prompt_tokens``.
+
+    Harness notes and scheduler hints grow during a run, and the evidence labels can then push the prompt past
+    its budget mid-run; the labels are shortened (then dropped) before the prompt is refused.
+    """
+    for words in _LABEL_FALLBACK:
+        messages = rubric_prompt(queries, evidence, state, scheduler, settings, words)
+        if len(encode_chat(tokenizer, messages)) <= settings.max_prompt_tokens:
+            break
+    if words is not None:  # the last try goes on to encode_chat, which refuses it by name if it is still too long
+        log.warning("rubric prompt over solver.max_prompt_tokens=%d: evidence labels cut to %d words",
+                    settings.max_prompt_tokens, words)
+    return messages
 
 
 def sample_rubric(engine: RolloutEngine, tokenizer, messages: list[dict], state: HarnessState,
@@ -84,8 +112,8 @@ def sample_step_rubric(engine: RolloutEngine, tokenizer, queries: Sequence[str],
     so there every rank generates and rank 0's sample is kept.
     """
     gathered = D.gather_objects((list(queries), [list(e) for e in evidence]))
-    messages = rubric_prompt([q for qs, _ in gathered for q in qs], [e for _, es in gathered for e in es], state,
-                             scheduler, settings)
+    messages = fitted_rubric_prompt(tokenizer, [q for qs, _ in gathered for q in qs],
+                                    [e for _, es in gathered for e in es], state, scheduler, settings)
     sample = None
     if D.rank() == 0 or is_collective(engine):
         sample = sample_rubric(engine, tokenizer, messages, state, settings)
