@@ -117,3 +117,43 @@ def test_vllm_context_must_hold_an_evaluation_with_its_observations(qwen_tokeniz
         check_budgets(cfg, qwen_tokenizer)
     with pytest.raises(ConfigError, match="shorter than solver.max_prompt_tokens"):
         validate_config(compose(["experiment=qwen_score", "solver.max_prompt_tokens=12289"]))
+
+
+def test_given_rubrics_are_measured_from_their_file(tmp_path, tokenizer):
+    """rubric=given: the scoring prompt shows the file's criteria, so the longest rubric of the file is measured."""
+    import json
+
+    items = [{"text": f"The report states fact number {i} with a citation to a retrieved document", "weight": 1,
+              "type": "binary"} for i in range(12)]
+    short, long = tmp_path / "short.jsonl", tmp_path / "long.jsonl"
+    short.write_text(json.dumps({"id": "q1", "rubrics": items[:2]}) + "\n")
+    long.write_text(json.dumps({"id": "q1", "rubrics": items[:2]}) + "\n" + json.dumps({"id": "q2", "rubrics": items})
+                    + "\n")
+    cfg = compose(["experiment=given_tiny", f"rubric.path={long}"])
+    assert len(widest_rubric(cfg, widest_state(cfg)).dims) == 12
+    small = measure_scoring(compose(["experiment=given_tiny", f"rubric.path={short}"]), tokenizer)
+    assert measure_scoring(cfg, tokenizer).overhead_tokens > small.overhead_tokens + 10 * 10
+
+
+def test_the_rubric_prompt_with_its_evidence_is_checked_against_the_same_cap(tokenizer, bm25):
+    """D_q^0 with titles makes the rubric prompt grow with evaluator.rubric_queries x solver.topk: measured, and
+    bounding what the step's own rubric stage builds from real BM25 evidence."""
+    from score_lightning.budgets import measure_rubric_prompt
+    from score_lightning.harness.scheduler import DimensionScheduler
+    from score_lightning.rollout.chat import encode_chat
+    from score_lightning.step.rollouts import initial_evidence
+    from score_lightning.step.rubric_stage import RubricSampling, rubric_prompt
+
+    cfg = compose(["experiment=tiny_score", "data.batch_size=4"])
+    bound = measure_rubric_prompt(cfg, tokenizer)
+    assert bound <= cfg.evaluator.max_prompt_tokens
+    state = widest_state(cfg)
+    queries = [longest_query(cfg, tokenizer)] * 4
+    evidence, _ = initial_evidence(bm25, queries, int(cfg.solver.topk))
+    scheduler = DimensionScheduler(list(state.dimension_pool))
+    msgs = rubric_prompt(queries, evidence, state, scheduler, RubricSampling(96, 1.0, 4096, 8))
+    assert len(encode_chat(tokenizer, msgs)) <= bound
+    many = ["experiment=tiny_score", "data.batch_size=16", "evaluator.rubric_queries=16"]
+    with pytest.raises(ConfigError, match=r"the rubric prompt needs up to \d+ tokens \(min\(evaluator.rubric_queries=16"):
+        check_budgets(compose(many), tokenizer)
+    check_budgets(compose(many + ["evaluator.static_rubric=true"]), tokenizer)  # no rubric prompt is built

@@ -17,6 +17,7 @@ from score_lightning.harness.scheduler import DimensionScheduler
 from score_lightning.harness.state import HarnessState
 from score_lightning.retrieval.base import SearchHit
 from score_lightning.roles.answer import extract_conclusion
+from score_lightning.roles.evidence import EvidenceDoc
 from score_lightning.roles.evaluation import parse_evaluation
 from score_lightning.roles.rubric import parse_rubric
 from score_lightning.rollout.agent import AgentConfig
@@ -88,7 +89,8 @@ def _step(tok, suffix: str = "") -> dict:
     """Run the text side of one SCORE step with the scripted engine; return everything it parsed and rewarded."""
     engine, retriever = ScriptedEngine(tok, Suffixed(suffix)), TrickyRetriever()
     state = STATE
-    sample = sample_step_rubric(engine, tok, QUERIES, [["json.dumps"], []], state,
+    evidence = [[EvidenceDoc("json.dumps", "Serialize obj to a JSON formatted str.")], []]
+    sample = sample_step_rubric(engine, tok, QUERIES, evidence, state,
                                 DimensionScheduler(list(state.dimension_pool)), RUBRIC)
     assert sample.valid, sample.error
     rubrics = [sample.rubric] * len(QUERIES)

@@ -11,6 +11,9 @@ weights printed at full precision), every process rule on, the rule harness's lo
 placeholder reports of exactly ``max_report_tokens`` tokens. A run whose scoring prompt could
 overflow is refused here instead of raising in ``encode_chat`` hours in.
 
+The rubric prompt (``rubric=score``) must fit the same cap: ``evaluator.rubric_queries`` of the global
+batch's queries, each with its initial evidence D_q^0 (``solver.topk`` documents labelled with ~30 tokens).
+
 The evaluator's search observations are outside its generation budget (``evaluator.max_response_tokens``
 counts the tokens it writes; each observation is cut to ``evaluator.max_observation_tokens``), so with
 ``rollout=vllm`` the engine's ``max_model_len`` must hold the prompt cap, the generation budget and
@@ -68,7 +71,19 @@ def widest_state(cfg: DictConfig) -> HarnessState:
 
 
 def widest_rubric(cfg: DictConfig, state: HarnessState) -> Rubric:
-    """The harness's largest k (its ``max_k`` cap, else the pool), must-include first, then the longest definitions."""
+    """The harness's largest k (its ``max_k`` cap, else the pool), must-include first, then the longest definitions.
+
+    With ``rubric=given`` the file's longest rubric (by characters) instead. ``rubric=evolving`` items are
+    model-written text of no fixed length: they are approximated by the pool's dimensions.
+    """
+    if str(OmegaConf.select(cfg, "rubric._target_", default="")).endswith("GivenRubrics"):
+        from score_lightning.roles.prompts import format_rubric
+        from score_lightning.rubrics.given import load_given_rubrics
+
+        r = cfg.rubric
+        given = load_given_rubrics(r.path, bool(r.get("include_explanation", False)), r.get("max_items"))
+        if given:
+            return max(given.values(), key=lambda rubric: len(format_rubric(rubric, state)))
     pool = state.dimension_pool
     k_cap = OmegaConf.select(cfg, "harness.backend.max_k", default=None)
     if k_cap is None and str(OmegaConf.select(cfg, "harness.backend._target_", default="")).endswith("RuleBasedHarness"):
@@ -84,13 +99,33 @@ def widest_rubric(cfg: DictConfig, state: HarnessState) -> Rubric:
     return Rubric(tuple(dims), tuple(1.0 / 3.0 for _ in dims))  # "0.3333333333333333": the longest weight text
 
 
-def longest_query(cfg: DictConfig, tokenizer) -> str:
-    """The training query with the most tokens (the embedded queries without ``data.queries_path``)."""
+def longest_queries(cfg: DictConfig, tokenizer, n: int = 1) -> list[str]:
+    """The ``n`` training queries with the most tokens (the embedded queries without ``data.queries_path``)."""
     from score_lightning.data.queries import load_queries
 
     queries = [q.prompt for q in load_queries(cfg.data.get("queries_path"), cfg.data.get("split", "train"))]
     lengths = tokenizer(queries, add_special_tokens=False)["input_ids"]
-    return max(zip(queries, lengths), key=lambda x: len(x[1]))[0]
+    return [q for q, _ in sorted(zip(queries, lengths), key=lambda x: -len(x[1]))[:n]]
+
+
+def longest_query(cfg: DictConfig, tokenizer) -> str:
+    return longest_queries(cfg, tokenizer, 1)[0]
+
+
+def measure_rubric_prompt(cfg: DictConfig, tokenizer) -> int:
+    """SCORE's rubric prompt at its largest: ``evaluator.rubric_queries`` of the global batch's queries (the
+    longest), each with ``solver.topk`` documents labelled with ~30 tokens of prose, scheduler hints of each
+    kind, every process rule and the rule harness's longest note."""
+    from score_lightning.roles.evidence import EVIDENCE_WORDS, EvidenceDoc
+    from score_lightning.roles.prompts import rubric_messages
+
+    n = min(int(cfg.evaluator.rubric_queries), int(cfg.data.batch_size))
+    label = " ".join((_REPORT_TEXT.split() * 2)[:EVIDENCE_WORDS]) + " ..."
+    evidence = [[EvidenceDoc(f"{q:08d}{d:08d}", label) for d in range(int(cfg.solver.topk))] for q in range(n)]
+    state = widest_state(cfg)
+    pool = list(state.dimension_pool)
+    return _count(tokenizer, rubric_messages(longest_queries(cfg, tokenizer, n), state, pool[:2], pool[2:4], pool[4:6],
+                                             evidence=evidence))
 
 
 def _count(tokenizer, messages: list[dict]) -> int:
@@ -126,10 +161,19 @@ def _retrieved_ids(cfg: DictConfig) -> list[str]:
 
 
 def check_budgets(cfg: DictConfig, tokenizer) -> ScoringBudget:
-    """Raise :class:`ConfigError` naming the keys when the scoring prompt or the evaluator's context cannot fit."""
+    """Raise :class:`ConfigError` naming the keys when an evaluator prompt or the evaluator's context cannot fit."""
     b = measure_scoring(cfg, tokenizer)
     cap, e = int(cfg.evaluator.max_prompt_tokens), cfg.evaluator
     errors = []
+    sampled = not bool(OmegaConf.select(cfg, "rubric.static", default=False))  # static: no rubric prompt is built
+    if str(OmegaConf.select(cfg, "rubric._target_", default="")).endswith("ScoreRubrics") and sampled:
+        rubric = measure_rubric_prompt(cfg, tokenizer)
+        if rubric > cap:
+            errors.append(
+                f"evaluator.max_prompt_tokens={cap}: the rubric prompt needs up to {rubric} tokens "
+                f"(min(evaluator.rubric_queries={e.rubric_queries}, data.batch_size={cfg.data.batch_size}) queries, "
+                f"each with solver.topk={cfg.solver.topk} documents of its initial evidence, measured with this "
+                "tokenizer's chat template); raise evaluator.max_prompt_tokens or lower evaluator.rubric_queries")
     if b.prompt_tokens > cap:
         errors.append(
             f"evaluator.max_prompt_tokens={cap}: the scoring prompt needs up to {b.prompt_tokens} tokens "

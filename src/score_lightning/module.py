@@ -191,7 +191,7 @@ class ScoreModule(LightningModule):
     # ------------------------------------------------------------------ the step
     def rubric_context(self) -> RubricContext:
         return RubricContext(self.evaluator_engine, self.tokenizer, self.retriever, self.harness_state, self.scheduler,
-                             int(self.cfg.solver.max_prompt_tokens), float(self.cfg.evaluator.temperature))
+                             int(self.cfg.evaluator.max_prompt_tokens), float(self.cfg.evaluator.temperature))
 
     def rollout(self, queries: list[str], query_ids: list[str] | None = None) -> StepRollouts:
         """Stages 1-2: evidence, the step's rubrics (from the configured source), K solver rollouts per query."""

@@ -23,7 +23,7 @@ class RubricContext:
     retriever: Retriever
     state: HarnessState
     scheduler: DimensionScheduler
-    max_prompt_tokens: int
+    max_prompt_tokens: int  # evaluator.max_prompt_tokens: the rubric prompt is the evaluator's
     temperature: float
 
 

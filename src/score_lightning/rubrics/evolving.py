@@ -128,7 +128,7 @@ class EvolvingRubrics:
         if self._client is not None:
             outcomes = [self._client.ask(m, _checked_items) for m in prompts]
             return [o.value if o.ok else "" for o in outcomes], [None] * len(prompts)
-        ids = [encode_chat(ctx.tokenizer, m, ctx.max_prompt_tokens) for m in prompts]
+        ids = [encode_chat(ctx.tokenizer, m, ctx.max_prompt_tokens, key="evaluator.max_prompt_tokens") for m in prompts]
         stops = TagStops(ctx.tokenizer, [ITEMS_CLOSE])
         gens = ctx.engine.generate(ids, SamplingParams(self.max_tokens, ctx.temperature, stop_token_ids=stops.token_ids,
                                                        stop_strings=stops.strings))

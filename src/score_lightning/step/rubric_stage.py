@@ -86,7 +86,7 @@ def sample_rubric(engine: RolloutEngine, tokenizer, messages: list[dict], state:
     """Generate and parse one rubric; an invalid one falls back to the harness rubric (tokens kept)."""
     if settings.static:
         return RubricSample(fallback_rubric(state), True)
-    prompt = encode_chat(tokenizer, messages, settings.max_prompt_tokens)
+    prompt = encode_chat(tokenizer, messages, settings.max_prompt_tokens, key="evaluator.max_prompt_tokens")
     stops = TagStops(tokenizer, [P.DIMENSIONS_CLOSE])
     params = SamplingParams(settings.max_tokens, settings.temperature, stop_token_ids=stops.token_ids,
                             stop_strings=stops.strings)
