@@ -66,7 +66,7 @@ _LABEL_FALLBACK = (None, 8, 0)
 
 def fitted_rubric_prompt(tokenizer, queries: Sequence[str], evidence: Sequence[Sequence[EvidenceDoc]],
                          state: HarnessState, scheduler: DimensionScheduler, settings: RubricSampling) -> list[dict]:
-    """The most detailed rubric prompt that fits ``solver.max_prompt_tokens``.
+    """The most detailed rubric prompt that fits ``evaluator.max_prompt_tokens``.
 
     Harness notes and scheduler hints grow during a run, and the evidence labels can then push the prompt past
     its budget mid-run; the labels are shortened (then dropped) before the prompt is refused.
@@ -76,7 +76,7 @@ def fitted_rubric_prompt(tokenizer, queries: Sequence[str], evidence: Sequence[S
         if len(encode_chat(tokenizer, messages)) <= settings.max_prompt_tokens:
             break
     if words is not None:  # the last try goes on to encode_chat, which refuses it by name if it is still too long
-        log.warning("rubric prompt over solver.max_prompt_tokens=%d: evidence labels cut to %d words",
+        log.warning("rubric prompt over evaluator.max_prompt_tokens=%d: evidence labels cut to %d words",
                     settings.max_prompt_tokens, words)
     return messages
 
