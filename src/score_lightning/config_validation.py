@@ -140,8 +140,14 @@ def validate_config(cfg: DictConfig) -> None:
             validate_checkpoint(str(ckpt))
         except CheckpointError as exc:
             e.append(str(exc))
-    if OmegaConf.select(cfg, "model.name_or_path") is None and OmegaConf.select(cfg, "model.tiny") is None:
-        e.append("model.name_or_path: null needs model.tiny (the tiny-model spec); set a checkpoint path or use model=tiny")
+    if pretrained_model(cfg) is None and OmegaConf.select(cfg, "model.tiny") is None:
+        e.append("model.name_or_path: null needs model.tiny (the tiny-model spec) or model.gguf; set a checkpoint "
+                 "path or use model=tiny")
+    gguf = OmegaConf.select(cfg, "model.gguf")
+    if OmegaConf.select(cfg, "model.name_or_path") is None and gguf is not None:
+        from score_lightning.gguf_checkpoint import gguf_problems  # light: no torch, no transformers
+
+        e.extend(gguf_problems(OmegaConf.to_container(gguf, resolve=True)))
     mb, bs = OmegaConf.select(cfg, "optim.mini_batch_size"), OmegaConf.select(cfg, "data.batch_size")
     if isinstance(mb, int) and isinstance(bs, int) and mb > bs:
         e.append(f"optim.mini_batch_size={mb}: must be <= data.batch_size={bs}")
@@ -261,15 +267,25 @@ _FROM_SCRATCH_SFT = (("sft.lr", lambda v: v > 1e-4, "a from-scratch learning rat
                      ("sft.prompt_loss_weight", lambda v: v > 0, "loss on prompt tokens, to learn their language"))
 
 
+def pretrained_model(cfg: DictConfig) -> str | None:
+    """What names a pretrained model: ``model.name_or_path``, else ``model.gguf`` (a GGUF inside an installed
+    package, e.g. ``model=smollm2_135m``); ``None`` for the from-scratch tiny model."""
+    path = OmegaConf.select(cfg, "model.name_or_path")
+    if path is not None:
+        return str(path)
+    gguf = OmegaConf.select(cfg, "model.gguf")
+    return f"{gguf.package}:{gguf.file}" if gguf is not None else None
+
+
 def sft_enabled(cfg: DictConfig) -> bool:
-    """``sft.enabled``: true, false, or ``auto``, on only for the tiny model (``model.name_or_path`` null).
+    """``sft.enabled``: true, false, or ``auto``, on only for the tiny model (no pretrained model configured).
 
     Why ``auto``: ``experiment=tiny_score`` needs its cold start, but the same experiment pointed at a
     pretrained checkpoint must not run the tiny model's from-scratch settings on it.
     """
     value = OmegaConf.select(cfg, "sft.enabled", default=False)
     if value == "auto":
-        return OmegaConf.select(cfg, "model.name_or_path") is None
+        return pretrained_model(cfg) is None
     return value is True
 
 
@@ -279,7 +295,7 @@ def _check_sft(cfg: DictConfig, errors: list[str]) -> None:
         return
     _check(cfg, "sft.enabled", lambda v: v in (True, False, "auto"), "true, false or 'auto' (on for the tiny model only)",
            errors)
-    path = OmegaConf.select(cfg, "model.name_or_path")
+    path = pretrained_model(cfg)
     if path is None or not sft_enabled(cfg):
         return
     for key, bad, why in _FROM_SCRATCH_SFT:

@@ -52,9 +52,15 @@ def tokenizer_extra_texts() -> list[str]:
 
 
 def resolve_model_path(cfg: DictConfig) -> str:
-    """A local checkpoint dir: the configured one, or the tiny model built (and cached) from config."""
+    """A local checkpoint dir: the configured one, the GGUF of ``model.gguf`` converted (once, cached), or the
+    tiny model built (and cached) from config."""
     if cfg.model.name_or_path:
         return str(cfg.model.name_or_path)
+    gguf = OmegaConf.select(cfg, "model.gguf")
+    if gguf is not None:
+        from score_lightning.gguf_checkpoint import ensure_gguf_checkpoint
+
+        return str(ensure_gguf_checkpoint(Path(cfg.paths.cache_dir) / "models", OmegaConf.to_container(gguf, resolve=True)))
     from score_lightning.models import TinyModelSpec, ensure_tiny_checkpoint
 
     spec = TinyModelSpec(**OmegaConf.to_container(cfg.model.tiny, resolve=True))
