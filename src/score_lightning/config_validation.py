@@ -114,6 +114,8 @@ def validate_config(cfg: DictConfig) -> None:
     c("callbacks.preemption.grace_s", _num(0.0), "a number of seconds >= 0")
     c("debug.nan_grad_steps", lambda v: all(isinstance(x, int) and x >= 0 for x in v), "a list of SCORE step numbers")
     c("trainer.max_steps", _int(1), "an integer >= 1 (SCORE steps)")
+    if OmegaConf.select(cfg, "trainer.malloc_mmap_threshold_mb") is not None:
+        c("trainer.malloc_mmap_threshold_mb", _num(0.0, 32.0), "null or a number of MB in [0, 32] (glibc's maximum)")
     c("trainer.precision", lambda v: str(v) in _PRECISIONS, f"one of {sorted(_PRECISIONS)} (fp16 with a grad scaler is not supported)")
     c("retriever.kind", lambda v: v in ("bm25", "http"), "'bm25' or 'http'")
     c("rollout.engine", lambda v: v in ("hf", "vllm", "scripted"), "'hf', 'vllm' or 'scripted'")

@@ -68,6 +68,28 @@ def resolve_model_path(cfg: DictConfig) -> str:
     return str(ensure_tiny_checkpoint(Path(cfg.paths.cache_dir) / "models", spec, corpus_path(cfg), tokenizer_extra_texts()))
 
 
+def resolve_model_arg(value: str, cache_dir: str | Path | None = None) -> str:
+    """A script's ``--model``: a checkpoint directory as it is, or a model preset name (``configs/model/NAME.yaml``,
+    e.g. ``smollm2_135m``, whose GGUF is converted once) resolved as a training run resolves it."""
+    if Path(value).expanduser().is_dir():
+        return str(Path(value).expanduser())
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "configs" / "model" / f"{value}.yaml").is_file():
+        from score_lightning.errors import ConfigError
+
+        raise ConfigError(f"--model {value!r}: neither a checkpoint directory nor a preset in configs/model/")
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    overrides = [f"model={value}"] + ([f"paths.cache_dir={cache_dir}"] if cache_dir is not None else [])
+    with initialize_config_dir(config_dir=str(root / "configs"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides)
+    GlobalHydra.instance().clear()
+    validate_config(cfg)
+    return resolve_model_path(cfg)
+
+
 def instantiate_or_refuse(node: DictConfig, key: str):
     """``hydra.utils.instantiate``; a bad ``_target_`` or argument becomes a ``ConfigError`` naming ``key``."""
     from hydra.errors import InstantiationException
@@ -169,6 +191,9 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
     from score_lightning.module import ScoreModule
 
     quiet_console()
+    from score_lightning.cpu_memory import set_malloc_mmap_threshold
+
+    set_malloc_mmap_threshold(OmegaConf.select(cfg, "trainer.malloc_mmap_threshold_mb"))
     callbacks = build_callbacks(cfg) + list(extra_callbacks or [])
     pl.seed_everything(int(cfg.seed), workers=True)
     torch.set_float32_matmul_precision("high")
