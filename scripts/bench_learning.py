@@ -6,6 +6,7 @@
     python scripts/bench_learning.py --modes score,evolving,given,grpo_baseline   # rubric methods
     python scripts/bench_learning.py --only score:11 --out /shared/bench --no-append  # one cell (a machine)
     python scripts/bench_learning.py --merge /shared/bench --out logs/bench_learning   # table from many cells
+    python scripts/bench_learning.py --figure docs/learning_study.png     # also draw the curves and the card's changes
 
 Each (condition, seed) trains ``trainer.max_steps`` SCORE steps from the shared, cached cold start,
 then ``scripts/evaluate.py`` rolls its final export out (greedy) on the 20 held-out embedded queries,
@@ -89,9 +90,10 @@ def _scalars(run: Path) -> dict[str, list[float]]:
 
 def training_gains(run: Path) -> dict[str, float]:
     """Last 20% of steps minus first 20%, for the reward and its two parts; first-step scoring validity;
-    the mean over steps of the evaluator's score gap between valid and invalid reports."""
+    the mean over steps of the evaluator's score gap between valid and invalid reports, and of the share of
+    otherwise valid reports that cite an id they never retrieved; the per-step curves (for the figure)."""
     sc = _scalars(run)
-    out = {}
+    out: dict = {"curves": {tag: sc.get(tag, []) for tag in TRAIN_TAGS}}
     for tag in TRAIN_TAGS:
         vals = sc.get(tag, [])
         n = max(1, round(0.2 * len(vals)))
@@ -99,6 +101,8 @@ def training_gains(run: Path) -> dict[str, float]:
     out["first_scoring_valid_rate"] = sc.get("evaluator/scoring_valid_rate", [math.nan])[0]
     gaps = [v for v in sc.get("evaluator/score_gap_valid_invalid", []) if math.isfinite(v)]
     out["score_gap_mean"] = mean(gaps) if gaps else math.nan  # do the evaluator's scores follow validity?
+    ungrounded = [v for v in sc.get("solver/ungrounded_citation_rate", []) if math.isfinite(v)]
+    out["ungrounded_mean"] = mean(ungrounded) if ungrounded else math.nan
     return out
 
 
@@ -166,9 +170,9 @@ def table(results: list[dict], baseline_card: dict, conditions: list[str]) -> st
     by = {(r["condition"], r["seed"]): r for r in results}
     seeds = sorted({r["seed"] for r in results})
     head = ("| condition | seeds | reward gain | validity-part gain | score-part gain | score gap valid − invalid | "
-            "Δ citation precision | Δ coverage | Δ validity | Δ length | paired Δ reward gain vs score | "
-            "paired Δ citation precision vs score |")
-    lines = [head, "|" + " --- |" * 12]
+            "ungrounded citation rate | Δ citation precision | Δ coverage | Δ validity | Δ length | "
+            "paired Δ reward gain vs score | paired Δ citation precision vs score |")
+    lines = [head, "|" + " --- |" * 13]
     for cond in conditions:
         rows = [by[(cond, s)] for s in seeds if (cond, s) in by]
         if not rows:
@@ -185,6 +189,7 @@ def table(results: list[dict], baseline_card: dict, conditions: list[str]) -> st
             fmt([r["train"]["solver/reward_validity_part"] for r in rows]),
             fmt([r["train"]["solver/reward_score_part"] for r in rows]),
             fmt([r["train"].get("score_gap_mean", math.nan) for r in rows]),
+            fmt([r["train"].get("ungrounded_mean", math.nan) for r in rows]),
             *(fmt(delta[m], 1 if m == "length" else 3) for m in CARD),
             fmt(paired_r) if paired_r else "-", fmt(paired_c) if paired_c else "-"]) + " |")
     return "\n".join(lines)
@@ -194,13 +199,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--conditions", default=DEFAULT, help=f"comma list of {sorted(CONDITIONS)}")
     ap.add_argument("--modes", default=None, help="alias of --conditions (rubric methods, solver workflows)")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[11, 12, 13, 14, 15], help="fresh seeds (never tuned on)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[21, 22, 23, 24, 25],
+                    help="fresh seeds (never tuned on; 11-15 were used by earlier studies)")
     ap.add_argument("--tuning-seeds", type=int, nargs="*", default=[], help="seeds the settings were tuned on (own table)")
     ap.add_argument("--steps", type=int, default=40, help="SCORE steps per run, fixed before running")
     ap.add_argument("--out", default=str(ROOT / "logs" / "bench_learning"))
     ap.add_argument("--only", default=None, help="run one cell CONDITION:SEED and stop (one machine of many)")
     ap.add_argument("--merge", nargs="*", default=None, help="read result.json files below these dirs; train nothing")
     ap.add_argument("--no-append", action="store_true", help="print the table; leave docs/BENCHMARKS.md alone")
+    ap.add_argument("--figure", default=None, help="write a PNG: per condition, the training curves with a 95%% band "
+                    "over seeds and the held-out card's changes with 95%% intervals (needs matplotlib: the bench extra)")
     args = ap.parse_args()
     conditions = [c for c in (args.modes or args.conditions).split(",") if c]
     unknown = [c for c in conditions if c not in CONDITIONS]
@@ -237,6 +245,11 @@ def main() -> int:
     summary = ("cold-start held-out card: " + ", ".join(f"{m} {baseline[m]:.3f}" for m in CARD)
                + f"; SCORE first-step evaluator/scoring_valid_rate {fmt(first_valid)} (over seeds)")
     print(summary)
+    if args.figure:
+        from learning_figure import draw
+
+        draw(fresh, baseline, conditions, Path(args.figure), T975)
+        print(f"figure: {args.figure}")
     if not args.no_append:
         append(text, summary, sys.argv, conditions, sorted({r["seed"] for r in fresh}), args.steps, time.time() - t0)
     return 0

@@ -164,7 +164,8 @@ def worker(a) -> None:
             self._close(module)
 
     out = tempfile.mkdtemp(prefix=f"bench_{a.worker}_")
-    run(bc.compose(overrides(a, a.worker, out)), extra_callbacks=[StepClock()], module_hook=hook)
+    threads = [f"threads.num={a.threads}"] if a.threads > 0 else []  # else the trainer's auto would reset it
+    run(bc.compose(overrides(a, a.worker, out) + threads), extra_callbacks=[StepClock()], module_hook=hook)
     proto.send("done", peak_rss_mb=bc.peak_rss_mb())
 
 

@@ -111,9 +111,9 @@ def test_export_script_rebuilds_the_exported_policy(tmp_path, tiny_ckpt):
                        "max_observation_tokens": cfg.solver.max_observation_tokens, "topk": cfg.solver.topk}
 
 
-def _cli(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess, float]:
+def _cli(args: list[str], tmp_path: Path, **env_vars: str) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.time()
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), **env_vars)
     proc = subprocess.run([sys.executable, "src/train.py", *args, f"paths.output_dir={tmp_path}"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     return proc, time.time() - t0
@@ -131,4 +131,21 @@ def test_dead_retriever_fails_fast_naming_the_url(tmp_path):
                        "retriever.max_retries=1", "trainer.max_steps=2"], tmp_path)
     assert proc.returncode == 2 and took < 30, (proc.returncode, took)
     assert "http://127.0.0.1:9/retrieve" in proc.stderr and "retriever=bm25" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("offline, endpoint, says", [
+    ("1", None, "offline mode (HF_HUB_OFFLINE) forbids downloading it"),
+    # downloads allowed, no network: a closed local port stands for a machine without one
+    ("0", "http://127.0.0.1:9", "http://127.0.0.1:9 is unreachable"),
+])
+def test_an_unloadable_hub_model_is_one_error_block_naming_the_key(tmp_path, offline, endpoint, says):
+    """The 1-GPU recipe on a machine without its model: refused in seconds, before torch loads, no traceback."""
+    env = {"HF_HUB_OFFLINE": offline, "HF_HUB_CACHE": str(tmp_path / "empty_hf_cache")}
+    if endpoint:
+        env["HF_ENDPOINT"] = endpoint
+    proc, took = _cli(["experiment=qwen_score_1gpu"], tmp_path, **env)
+    assert proc.returncode == 2 and took < 30, (proc.returncode, took, proc.stderr[-2000:])
+    assert "error: model.name_or_path='Qwen/Qwen2.5-0.5B-Instruct' cannot load:" in proc.stderr
+    assert says in proc.stderr and "fix: point it at a local checkpoint directory" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -129,12 +129,16 @@ def test_probe_scoring_script_reports_validity_and_separation(cache_dir):
     """``scripts/probe_scoring.py`` (the BENCHMARKS figures on whether scores carry signal) on two groups."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     proc = subprocess.run([sys.executable, "scripts/probe_scoring.py", "--groups", "2", "--demos", "2",
-                           f"paths.cache_dir={cache_dir}"],
+                           "--scoring", "joint,pointwise", f"paths.cache_dir={cache_dir}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    last = dict(kv.split("=", 1) for kv in proc.stdout.strip().splitlines()[-1].split())
-    assert set(last) == {"scoring_valid_rate", "report_valid_rate", "gap_valid", "gap_valid_ci", "gap_cited", "gap_cited_ci"}
-    assert float(last["scoring_valid_rate"]) == 1.0 and float(last["report_valid_rate"]) == 1.0  # constrained in tiny_score
+    lines = [dict(kv.split("=", 1) for kv in line.split()) for line in proc.stdout.splitlines()
+             if line.startswith("protocol=")]
+    assert [d["protocol"] for d in lines] == ["joint", "pointwise"]  # the same groups scored under each protocol
+    for last in lines:
+        assert set(last) == {"protocol", "scoring_valid_rate", "report_valid_rate", "incomplete_rate", "gap_valid",
+                             "gap_valid_ci", "gap_cited", "gap_cited_ci"}
+        assert float(last["scoring_valid_rate"]) == 1.0 and float(last["report_valid_rate"]) == 1.0  # constrained
     fits = [line for line in proc.stdout.splitlines() if line.startswith("demo fit ")]
     assert fits and all("value target" in line and "verification start greedy-correct" in line for line in fits)
 

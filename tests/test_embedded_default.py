@@ -46,7 +46,8 @@ def test_bench_learning_pipeline_produces_a_complete_table(tmp_path):
     """One short SCORE seed and one grpo_baseline seed through the whole study: completeness, not a winner."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     proc = subprocess.run([sys.executable, "scripts/bench_learning.py", "--conditions", "score,grpo_baseline",
-                           "--seeds", "1", "--steps", "2", "--out", str(tmp_path), "--no-append"], cwd=ROOT, env=env,
+                           "--seeds", "1", "--steps", "2", "--out", str(tmp_path), "--no-append",
+                           "--figure", str(tmp_path / "study.png")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| score") or line.startswith("| grpo_baseline")]
@@ -54,7 +55,8 @@ def test_bench_learning_pipeline_produces_a_complete_table(tmp_path):
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         # the score gap (cells[5]) is n/a when no step had both a valid and an invalid scored report
-        assert len(cells) == 12 and all(c not in ("", "n/a") for c in cells[:5] + cells[6:9]), cells
+        assert len(cells) == 13 and all(c not in ("", "n/a") for c in cells[:5] + cells[7:10]), cells
+    assert (tmp_path / "study.png").stat().st_size > 10_000
     assert "cold-start held-out card" in proc.stdout
     for cond in ("score", "grpo_baseline"):
         result = json.loads((tmp_path / cond / "seed1" / "result.json").read_text())

