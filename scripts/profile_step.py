@@ -84,6 +84,8 @@ ORDER = ("step", "rubric", "solver rollouts", "scoring", "solver update", "  old
 
 def instrument(meter: StageMeter) -> None:
     """Wrap the stage functions where ``ScoreModule`` and ``solver_update`` look them up."""
+    import torch
+
     import score_lightning.module as M
     import score_lightning.step.solver_update as SU
 
@@ -91,7 +93,8 @@ def instrument(meter: StageMeter) -> None:
     M.solver_update = meter.wrap("solver update", M.solver_update)
     M.evaluator_update = meter.wrap("evaluator update", M.evaluator_update)
     SU.chunked_logprobs = meter.wrap("  old/ref log-probs", SU.chunked_logprobs)
-    SU.policy_logprobs = meter.wrap("  forward (grad)", SU.policy_logprobs)
+    plain, timed = SU.policy_logprobs, meter.wrap("  forward (grad)", SU.policy_logprobs)
+    SU.policy_logprobs = lambda *a, **k: (timed if torch.is_grad_enabled() else plain)(*a, **k)  # no-grad: old/ref
     score, hooks, training_step = M.ScoreModule.score, M.ScoreModule._hooks, M.ScoreModule.training_step
     M.ScoreModule.score = lambda self, ro: meter.wrap("scoring", score)(self, ro)
 

@@ -133,3 +133,22 @@ print(round(base - rss()))
         out = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, check=True)
         freed[mode] = int(out.stdout.strip().splitlines()[-1])
     assert freed["fixed"] > 250 and freed["default"] < freed["fixed"] / 2, freed
+
+
+def test_gradient_checkpointing_is_active_in_training_and_after_rollouts(tiny_ckpt, tokenizer):
+    """``model.gradient_checkpointing=true`` recomputes every layer: HF checkpoints only in training mode, which
+    from_pretrained does not set and Lightning does not either; generation switches to eval and back."""
+    from score_lightning.models import load_policy
+
+    model = load_policy(tiny_ckpt, "float32", gradient_checkpointing=True)
+    calls = []
+    for layer in model.model.layers:
+        func = layer._gradient_checkpointing_func
+        layer._gradient_checkpointing_func = lambda *a, _f=func, **k: calls.append(1) or _f(*a, **k)
+    eng = H.HFEngine(lambda: model, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer, 8)
+    eng.generate([[5, 6, 7, 8]], SamplingParams(3, 0.0))
+    assert model.training
+    batch = build_token_batch([[5, 6, 7]], [[8, 9, 10]], [[1, 1, 1]], tokenizer.pad_token_id)
+    logp, _ = policy_logprobs(model, batch)
+    logp.sum().backward()
+    assert len(calls) == len(model.model.layers)
