@@ -156,8 +156,6 @@ def validate_config(cfg: DictConfig) -> None:
     template = OmegaConf.select(cfg, "model.chat_template")
     if isinstance(template, str) and template and "{" not in template and not Path(template).expanduser().is_file():
         e.append(f"model.chat_template={template!r}: neither a Jinja template nor a file")
-    if OmegaConf.select(cfg, "model.name_or_path") is None and OmegaConf.select(cfg, "model.tiny") is None:
-        e.append("model.name_or_path: null needs model.tiny (the tiny-model spec); set a checkpoint path or use model=tiny")
     mb, bs = OmegaConf.select(cfg, "optim.mini_batch_size"), OmegaConf.select(cfg, "data.batch_size")
     if isinstance(mb, int) and isinstance(bs, int) and mb > bs:
         e.append(f"optim.mini_batch_size={mb}: must be <= data.batch_size={bs}")

@@ -55,8 +55,9 @@ class HFEngine:
         #: the module is FSDP-sharded over several processes: every forward is a collective, so every
         #: rank must make the same number of ``generate`` calls and decode in lockstep (``synced_gpus``)
         self.collective = collective
-        #: the last calls' KV caches: a multi-turn row's next turn runs only its new tokens (rollout/kv_cache.py)
-        self.prefix_store = PrefixStore(2 * max_batch_size)
+        #: the last calls' KV caches: a multi-turn row's next turn runs only its new tokens (rollout/kv_cache.py).
+        #: Off for a collective (sharded) module: every rank must make the same forwards, whatever it has stored
+        self.prefix_store = PrefixStore(0 if collective else 2 * max_batch_size)
 
     def release_cache(self) -> None:
         """Drop the stored KV caches (the trainer calls this before its update, when no rollout follows)."""

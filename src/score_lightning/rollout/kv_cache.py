@@ -175,9 +175,10 @@ def prefill(model: nn.Module, input_ids: torch.Tensor, attention: torch.Tensor, 
         start = min(int(o) + m[2] for o, m in zip(offsets, found))
         if start > min(offsets):
             _copy_prefixes(store, found, offsets, start, cache)
-            model(input_ids=input_ids[:, start:width - 1], attention_mask=attention[:, :width - 1],
-                  position_ids=position_ids(attention)[:, start:width - 1], past_key_values=cache, use_cache=True,
-                  logits_to_keep=1)
+            if start < width - 1:  # else every row's context but its last token is stored: nothing to run
+                model(input_ids=input_ids[:, start:width - 1], attention_mask=attention[:, :width - 1],
+                      position_ids=position_ids(attention)[:, start:width - 1], past_key_values=cache, use_cache=True,
+                      logits_to_keep=1)
             return n * (width - 1 - start)
     rows = torch.cat([input_ids, attention], dim=1)
     uniq, inverse = torch.unique(rows, dim=0, return_inverse=True)
