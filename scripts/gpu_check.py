@@ -59,7 +59,8 @@ class Part:
 def run_overrides(ckpt: Path, steps: int, cpu: bool) -> list[str]:
     """The one-GPU recipe on the random checkpoint, shrunk so that each part takes about two minutes."""
     o = ["experiment=qwen_score_1gpu", f"model.name_or_path={ckpt}", f"trainer.max_steps={steps}",
-         "solver.max_tool_calls=2", "solver.max_prompt_tokens=4096", "evaluator.max_tool_calls=1",
+         "solver.max_tool_calls=2", "solver.max_prompt_tokens=4096", "evaluator.max_prompt_tokens=4096",
+         "evaluator.max_tool_calls=1",
          "optim.warmup_steps=0", "harness.every_n_steps=10", "trainer.enable_progress_bar=false",
          "callbacks.collapse_guard.enabled=false", "rollout.max_model_len=8192"]
     if cpu:  # the logic only: 2 x 2 short trajectories (a 152k vocabulary makes every CPU token costly)

@@ -121,6 +121,34 @@ def test_evaluator_notices_name_its_own_finish_tag(tokenizer):
     assert P.ANSWER_OPEN not in text.replace("<report_evaluations></report_evaluations>", "")
 
 
+class LongRetriever(FakeRetriever):
+    """Every search returns one long passage (its observation is cut to max_observation_tokens)."""
+
+    def search(self, queries, topk):
+        return [[SearchHit(f"doc{i}", '"t"\n' + "evidence words " * 100, 1.0)] for i, _ in enumerate(queries)]
+
+
+def test_scoring_observations_do_not_eat_the_generation_budget(tokenizer):
+    """With observations_in_budget=False (the evaluator's scoring loop) five 40-token observations do
+    not count against max_response_tokens: the model still has its whole budget to write the evaluation."""
+    tok = tokenizer
+    evaluation = "<report_evaluations>" + "scored " * 8 + "</report_evaluations>"
+    scripts = [[f"<search>check {i}</search>" for i in range(5)] + [evaluation]]
+    shared = AgentConfig(max_tool_calls=5, max_response_tokens=80, max_observation_tokens=40, finish_tag=P.EVALS_CLOSE)
+    kept = run_agent(ScriptedEngine(tok, scripts), tok, [_prompt(tok, "q")], LongRetriever(), shared)[0]
+    assert kept.truncated and not kept.finished  # observations counted: the searches used up the room
+    own = AgentConfig(max_tool_calls=5, max_response_tokens=80, max_observation_tokens=40, finish_tag=P.EVALS_CLOSE,
+                      observations_in_budget=False)
+    engine = ScriptedEngine(tok, [list(scripts[0])])
+    traj = run_agent(engine, tok, [_prompt(tok, "q")], LongRetriever(), own)[0]
+    assert traj.finished and not traj.truncated and traj.tool_calls == 5
+    assert traj.num_model_tokens <= 80 < len(traj.response_ids)
+    assert P.EVALS_CLOSE in traj.model_text(tok)
+    # each turn's budget is what the model has left of its own tokens, whatever it has read
+    written = [len(tok(f"<search>check {i}</search>", add_special_tokens=False)["input_ids"]) for i in range(5)]
+    assert [c.max_new_tokens for c in engine.calls] == [80 - sum(written[:i]) for i in range(6)]
+
+
 def test_truncation_and_retrieval_failure(tokenizer):
     tok = tokenizer
     long = "word " * 200

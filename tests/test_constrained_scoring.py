@@ -90,19 +90,37 @@ def test_random_model_held_to_the_grammar_writes_valid_evaluations(tiny_ckpt, to
         engine.generate(prompts, SamplingParams(10, grammars=grammars[:1]))
 
 
-def test_packaged_cold_start_scores_every_report_at_the_first_step(tmp_path, cache_dir):
-    """The acceptance reading: ``evaluator/scoring_valid_rate`` at the first RL step of tiny_score, seed 1."""
+def _text_samples(logdir) -> list[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = []
+    for events in sorted(logdir.rglob("events.out.tfevents.*")):
+        ea = EventAccumulator(str(events), size_guidance={"tensors": 0})
+        ea.Reload()
+        for tag in ea.Tags().get("tensors", []):
+            if tag.startswith("samples/trajectory"):
+                out += [e.tensor_proto.string_val[0].decode() for e in ea.Tensors(tag)]
+    return out
+
+
+def test_packaged_cold_start_scores_every_report_pointwise_on_the_cli(tmp_path, cache_dir):
+    """The acceptance reading: 3 SCORE steps of tiny_score with ``evaluator.scoring=pointwise`` on the CLI, seed 1,
+    from the packaged cold start: every evaluation parses, none is incomplete, each judges one report."""
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    proc = subprocess.run([sys.executable, "src/train.py", "experiment=tiny_score", "seed=1", "trainer.max_steps=1",
-                           f"paths.cache_dir={cache_dir}", f"paths.output_dir={out}", "trainer.enable_progress_bar=false"],
+    proc = subprocess.run([sys.executable, "src/train.py", "experiment=tiny_score", "evaluator.scoring=pointwise",
+                           "seed=1", "trainer.max_steps=3", "logging.text_every_n_steps=1", f"paths.cache_dir={cache_dir}",
+                           f"paths.output_dir={out}", "trainer.enable_progress_bar=false"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     s = read_scalars(out / "tensorboard")
     assert s["sft/summary/cache_hit"][-1][1] == 1.0  # the packaged cold start, not a fresh one
-    assert s["evaluator/scoring_valid_rate"][0] == (0, 1.0)
+    assert [v for _, v in s["evaluator/scoring_valid_rate"]] == [1.0] * 3
+    assert [v for _, v in s["evaluator/incomplete_rate"]] == [0.0] * 3
     assert s["evaluator/report_scores_valid_rate"][0][1] == 1.0
-    assert s["solver/reward_score_part"][0][1] > 0
+    assert all(v > 0 for _, v in s["solver/reward_mean"])
+    evaluations = [t.split("**evaluation**:", 1)[1] for t in _text_samples(out / "tensorboard")]
+    assert len(evaluations) == 3 and all('<report id="1">' in e and '<report id="2">' not in e for e in evaluations)
 
 
 def test_free_text_caps_come_from_the_config_and_are_validated(tokenizer):

@@ -274,3 +274,33 @@ def test_base_k_is_capped_by_a_smaller_pool() -> None:
 def test_stat_keys_name_what_the_harness_reads() -> None:
     assert {"verified_rate", "consistency", "reward_std", "rubric_valid_rate", "entropy",
             "verification_depth_mean"} <= set(STAT_KEYS)
+
+
+# ---------------------------------------------------------------------------- tau_s and the harness
+@pytest.mark.parametrize("coupled", [False, True])
+def test_unverified_scoring_for_20_refreshes_keeps_tau_fixed_and_the_minimum_within_its_cap(coupled) -> None:
+    """An evaluator that never searches (verified_rate 0 at every refresh): the harness asks for more
+    searches up to its cap; by default tau_s stays verifier.min_search_depth, coupled it follows the
+    harness to the cap (the ratchet ``verifier.tau_from_harness`` documents)."""
+    from hydra.utils import instantiate
+
+    from helpers import compose
+    from score_lightning.step.reward_assembly import RewardSettings, effective_tau
+
+    cfg = compose(["experiment=tiny_score", f"verifier.tau_from_harness={str(coupled).lower()}"])
+    harness = instantiate(cfg.harness.backend)
+    cap = int(cfg.evaluator.max_tool_calls)
+    assert harness.max_tool_calls == cap  # the config ties the harness's cap to the evaluator's search budget
+    settings = RewardSettings.from_cfg(cfg)
+    state = HarnessState.from_dict(OmegaConf.to_container(cfg.harness.initial_state, resolve=True))
+    taus, minimums = [], []
+    for _ in range(20):
+        state = harness.update(state, {**HEALTHY, "verified_rate": 0.0})
+        taus.append(effective_tau(settings.min_search_depth, state, settings.tau_from_harness))
+        minimums.append(state.process_constraints.min_number_of_tool_call)
+    assert max(minimums) == cap and all(0 <= m <= cap for m in minimums)
+    assert state.process_constraints.require_verification
+    if coupled:
+        assert taus[-1] == cap > cfg.verifier.min_search_depth
+    else:
+        assert set(taus) == {cfg.verifier.min_search_depth}

@@ -21,13 +21,20 @@ TABLE2 = {
     "solver.num_rollouts": 8, "solver.max_tool_calls": 10, "solver.max_prompt_tokens": 8192,
     "solver.max_response_tokens": 4096, "evaluator.max_response_tokens": 2048, "evaluator.update_every": 1,
     "evaluator.ema_beta": 0.7, "evaluator.temperature": 0.8, "harness.every_n_steps": 5, "loss.kl_coef": 0.05,
-    "optim.lr": 1e-6, "optim.warmup_steps": 5, "optim.warmup_start_ratio": 0.05, "optim.micro_batch_size": 4,
+    "optim.lr": 1e-6, "optim.warmup_steps": 5, "optim.warmup_start_ratio": 0.0, "optim.micro_batch_size": 4,
+    "optim.weight_decay": 0.01,
 }
 PRESETS = {
+    "qwen2_5_7b": "Qwen/Qwen2.5-7B-Instruct",
     "qwen2_5_0_5b": "Qwen/Qwen2.5-0.5B-Instruct",
     "qwen2_5_1_5b": "Qwen/Qwen2.5-1.5B-Instruct",
     "llama3_1_8b": "meta-llama/Llama-3.1-8B-Instruct",
 }
+
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
+RECIPES = ("qwen_score", "llama_score", "qwen_score_1gpu")  # the pretrained-model recipes (lr 1e-6)
 
 
 def _values(cfg, keys) -> dict:
@@ -43,6 +50,46 @@ def test_model_presets_load_the_hub_checkpoint_with_float32_master_weights(prese
     assert m.dtype == "float32" and m.gradient_checkpointing is True
     assert set(m) >= set(compose(["model=qwen2_5_7b"]).model)  # every key the base preset has (lora included)
     validate_config(cfg)
+
+
+def test_every_model_preset_is_covered():
+    assert {p.stem for p in (CONFIGS / "model").glob("*.yaml")} == set(PRESETS) | {"tiny"}
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_validates_and_keeps_float32_master_weights(experiment):
+    cfg = compose([f"experiment={experiment}"])
+    validate_config(cfg)
+    assert cfg.model.dtype == "float32" and cfg.model.allow_low_precision_weights is False
+
+
+@pytest.mark.parametrize("experiment", RECIPES)
+def test_low_precision_master_weights_are_refused_at_a_small_lr(experiment):
+    for dtype in ("bfloat16", "float16"):
+        with pytest.raises(ConfigError, match=f"model.dtype='{dtype}' with optim.lr=1e-06: .*round") as exc:
+            validate_config(compose([f"experiment={experiment}", f"model.dtype={dtype}"]))
+        assert "model.allow_low_precision_weights=true" in str(exc.value)
+    # the user says they know; a large lr (the tiny model's 1e-4) moves bf16 weights and is not refused
+    validate_config(compose([f"experiment={experiment}", "model.dtype=bfloat16", "model.allow_low_precision_weights=true"]))
+    validate_config(compose([f"experiment={experiment}", "model.dtype=bf16", "optim.lr=1e-4"]))
+    with pytest.raises(ConfigError, match="model.dtype='half': allowed one of"):
+        validate_config(compose([f"experiment={experiment}", "model.dtype=half"]))
+
+
+def test_bf16_master_weights_on_the_paper_recipe_are_refused_by_the_cli_in_seconds(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    root = CONFIGS.parent
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "src/train.py", "experiment=qwen_score", "model.dtype=bfloat16",
+                           "optim.lr=1e-6", f"paths.output_dir={tmp_path}"], cwd=root, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(root / "src")), timeout=120)
+    assert proc.returncode == 2 and time.time() - t0 < 30, (proc.returncode, proc.stderr[-2000:])
+    assert "error:" in proc.stderr and "model.dtype='bfloat16' with optim.lr=1e-06" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize("experiment", ["qwen_score_1gpu", "llama_score"])

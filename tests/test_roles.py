@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -49,7 +50,8 @@ def test_parse_rubric_valid_with_junk_and_mixed_quotes():
 def test_parse_rubric_constraint_errors_keep_the_rubric():
     cases = {
         "k=3 but harness requires 4": GOOD[:3],
-        "weight 0.9 > weight_max 0.5": (("factual_support", "0.9"), ("insight", "0.1")) + GOOD[2:],
+        "weight 0.6 > weight_max 0.5": (("factual_support", "0.1"), ("insight", "0.6"), ("readability", "0.15"),
+                                         ("conciseness", "0.15")),
         "weight 0.05 < weight_min 0.1": (("factual_support", "0.5"), ("insight", "0.05")) + GOOD[2:],
         "unknown dimension 'foo'": GOOD[:3] + (("foo", "0.2"),),
         "must_include 'factual_support' missing": (("evidence_coverage", "0.4"),) + GOOD[1:],
@@ -69,10 +71,34 @@ def test_parse_rubric_tolerances():
     assert ok((("factual_support", "0.26"),) + tuple((d, "0.26") for d in ("insight", "readability", "conciseness")))
     assert ok((("factual_support", "0.24"),) + tuple((d, "0.24") for d in ("insight", "readability", "conciseness")))
     assert not ok((("factual_support", "0.265"),) + tuple((d, "0.265") for d in ("insight", "readability", "conciseness")))
-    # weight bound tolerance 1e-6 (sum 0.5000005 + 3*0.1667 = 1.0001)
-    rest = tuple((d, "0.1667") for d in ("insight", "readability", "conciseness"))
-    assert ok((("factual_support", "0.5000005"),) + rest)
-    assert not ok((("factual_support", "0.500002"),) + rest)
+    # weight bound tolerance 1e-6 on a chosen dimension (sum 0.1667 * 3 + 0.5000005 = 1.0001)
+    rest = tuple((d, "0.1667") for d in ("factual_support", "readability", "conciseness"))
+    assert ok((("insight", "0.5000005"),) + rest)
+    assert not ok((("insight", "0.500002"),) + rest)
+
+
+def test_parse_rubric_per_listing_4_must_include_is_exempt_from_the_weight_bounds():
+    """The bounds [0.1, 0.5] apply to the k - 1 chosen dimensions; the primary must-include one may weigh
+    anything in (0, 1] (the paper's Listing 4)."""
+    heavy = (("factual_support", "0.7"), ("insight", "0.1"), ("readability", "0.1"), ("conciseness", "0.1"))
+    light = (("factual_support", "0.05"), ("insight", "0.35"), ("readability", "0.3"), ("conciseness", "0.3"))
+    assert parse_rubric(dims_xml(*heavy), STATE).valid and parse_rubric(dims_xml(*light), STATE).valid
+    zero = (("factual_support", "0"), ("insight", "0.4"), ("readability", "0.3"), ("conciseness", "0.3"))
+    assert parse_rubric(dims_xml(*zero), STATE).error == "weight 0 of must-include 'factual_support' outside (0, 1]"
+    chosen = (("factual_support", "0.4"), ("insight", "0.05"), ("readability", "0.3"), ("conciseness", "0.25"))
+    assert parse_rubric(dims_xml(*chosen), STATE).error == "weight 0.05 < weight_min 0.1 ('insight')"
+
+
+def test_weight_sum_is_a_config_option_and_unchecked_weights_are_normalised():
+    pairs = (("factual_support", "0.4"), ("insight", "0.3"), ("readability", "0.3"), ("conciseness", "0.3"))
+    assert parse_rubric(dims_xml(*pairs), STATE).error == "weights sum to 1.30, need 1±0.05"
+    assert parse_rubric(dims_xml(*pairs), STATE, weight_sum_tol=0.5).valid
+    p = parse_rubric(dims_xml(*pairs), STATE, weight_sum_tol=None)
+    assert p.valid and p.rubric.dims == tuple(n for n, _ in pairs)
+    assert p.rubric.weights == pytest.approx((0.4 / 1.3, 0.3 / 1.3, 0.3 / 1.3, 0.3 / 1.3))
+    # the bounds are checked on the weights as written, before normalising
+    bad = (("factual_support", "0.4"), ("insight", "0.6"), ("readability", "0.3"), ("conciseness", "0.3"))
+    assert parse_rubric(dims_xml(*bad), STATE, weight_sum_tol=None).error == "weight 0.6 > weight_max 0.5 ('insight')"
 
 
 def test_parse_rubric_format_errors_have_no_rubric():

@@ -113,6 +113,7 @@ def two_steps(tmp_path_factory, tiny_ckpt, corpus_file):
         "evaluator.max_tool_calls=1", "reward.require_citation=true", "verifier.min_search_depth=1",
         "harness.initial_state.process_constraints.require_verification=true", "harness.every_n_steps=10",
         "optim.lr=1e-4", "optim.warmup_steps=0", "loss.kl_coef=0.05",
+        "evaluator.scoring=joint",  # the paper's protocol: one evaluation of all K (pointwise: test_grounded_rewards.py)
     ]
     cfg = compose(overrides)
     stream = QueryStream(load_queries(None, split="train"), 2, int(cfg.seed))

@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the RL budgets the demos are checked against: experiment=tiny_score's (checked below)
 BUDGETS = DemoBudgets(max_prompt_tokens=1024, solver_max_response_tokens=384, solver_max_tool_calls=3,
                       max_observation_tokens=64, topk=2, max_rubric_tokens=192, evaluator_max_response_tokens=768,
-                      evaluator_max_tool_calls=2, max_report_tokens=96, num_rollouts=4)
+                      evaluator_max_tool_calls=2, max_report_tokens=96, num_rollouts=4, scoring="pointwise",
+                      show_retrieved=True)
 BASE = HarnessState.from_dict({"dimension_constraints": {"k": 3, "must_include": ["factual_support"],
                                                          "weight_min": 0.1, "weight_max": 0.6}})
 
@@ -152,6 +153,36 @@ def test_scoring_demos_parse_with_the_right_k_and_scores_follow_quality(demos, t
             mean = sum(ev.reports[rid].scores.values()) / len(rubric.dims)
             (good if kind == "good" else bad if kind in ("off_topic", "empty") else []).append(mean)
     assert good and bad and min(good) > max(bad)
+
+
+def test_pointwise_demos_show_one_report_with_its_sources_and_verify_its_citations(demos, tokenizer, bm25, queries):
+    """tiny_score's scoring demos: one report per prompt, shown under the ids its searches returned; the
+    verification says whether its citations are among them, and ungrounded reports score below good ones."""
+    from dataclasses import replace
+
+    from score_lightning.roles.prompts import retrieved_line
+
+    seen, grounded, ungrounded = set(), [], []
+    for d in _kind(demos, SCORING):
+        (kind,), (sources,) = d.meta["kinds"], d.meta["sources"]
+        prompt, text = tokenizer.decode(d.prompt_ids), _model_text(tokenizer, d)
+        assert d.meta["num_reports"] == 1 and "[Report 2]" not in prompt and retrieved_line(sources) in prompt
+        verification = text.split(P.VERIFICATION_OPEN)[-1].split(P.VERIFICATION_CLOSE)[0]
+        mean = sum(parse_evaluation(text, Rubric(*d.meta["rubric"]), 1).reports[1].scores.values())
+        if kind in ("fake_citation", "unretrieved_citation"):
+            assert verification.endswith("never retrieved."), (kind, verification)
+            assert verification[1:].split("]")[0] not in sources
+            ungrounded.append(mean / len(d.meta["rubric"][0]))
+        elif kind == "good":
+            assert verification.endswith("] retrieved.") and verification[1:].split("]")[0] in sources
+            grounded.append(mean / len(d.meta["rubric"][0]))
+        seen.add(kind)
+    assert "good" in seen and len(seen) >= 3
+    if ungrounded:
+        assert min(grounded) > max(ungrounded)
+    # the joint protocol's demos still hold K reports
+    joint, _ = build_demos(tokenizer, bm25, queries, replace(BUDGETS, scoring="joint"), 0, 0, 4, seed=3, base_state=BASE)
+    assert joint and all(d.meta["num_reports"] >= 2 for d in joint)
 
 
 def test_demos_are_deterministic_and_prompts_are_the_rl_prompts(tokenizer, bm25, queries):
@@ -324,10 +355,10 @@ def test_scoring_demo_fit_reads_each_value_and_verification_start(tokenizer, bm2
     from score_lightning.sft.demo_fit import scoring_demo_fit
 
     ctx = DemoContext.create(tokenizer, bm25, queries, BUDGETS, BASE)
-    oracle = scoring_demo_fit(_Teacher(len(tokenizer), True), tokenizer, ctx, 8)
-    uniform = scoring_demo_fit(_Teacher(len(tokenizer), False), tokenizer, ctx, 8)
+    oracle = scoring_demo_fit(_Teacher(len(tokenizer), True), tokenizer, ctx, 12)
+    uniform = scoring_demo_fit(_Teacher(len(tokenizer), False), tokenizer, ctx, 12)
     assert oracle.keys() == uniform.keys() and len(oracle) >= 3
-    assert sum(f["n_values"] for f in oracle.values()) >= 8 * 3 * 2  # >= 2 reports x 3 dimensions per demo
+    assert sum(f["n_values"] for f in oracle.values()) >= 12 * 2  # one report (pointwise) x >= 2 dimensions per demo
     for kind, f in oracle.items():
         # the oracle predicts each demo value exactly and every verification's opening
         assert f["model_value"] == pytest.approx(f["target_value"], abs=1e-3), kind

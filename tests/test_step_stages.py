@@ -15,12 +15,14 @@ from score_lightning.harness.state import HarnessState
 from score_lightning.losses import grpo_token_loss
 from score_lightning.roles.answer import parse_answer
 from score_lightning.roles.evaluation import parse_evaluation
+from score_lightning.roles.evidence import EvidenceDoc
 from score_lightning.roles.prompts import CONCLUSION_INSTRUCTION, rubric_messages, solver_messages
 from score_lightning.roles.rubric import Rubric
 from score_lightning.rollout.engine import SamplingParams
 from score_lightning.rollout.scripted import ProtocolResponder, ScriptedEngine, ScriptRequest
 from score_lightning.step import evaluator_reward as ER
 from score_lightning.step.reward_assembly import RewardSettings, combine, effective_tau, meets_process_rules
+from score_lightning.step.rollouts import initial_evidence
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_update import GRPOSettings
 
@@ -42,9 +44,10 @@ ANSWERS = [parse_answer("<answer>First report [a]. Conclusion: yes.</answer>"),
            parse_answer("no answer")]
 
 
-def test_effective_tau_is_the_larger_of_verifier_and_harness():
-    assert effective_tau(1, _state(min_number_of_tool_call=3)) == 3
-    assert effective_tau(2, _state(min_number_of_tool_call=0)) == 2
+def test_effective_tau_is_fixed_unless_coupled_to_the_harness():
+    assert effective_tau(1, _state(min_number_of_tool_call=3)) == 1  # the paper's fixed tau_s
+    assert effective_tau(1, _state(min_number_of_tool_call=3), from_harness=True) == 3
+    assert effective_tau(2, _state(min_number_of_tool_call=0), from_harness=True) == 2
 
 
 def test_combine_by_hand_both_verifier_modes():
@@ -142,12 +145,32 @@ def test_kl_clamp_reaches_the_solver_loss():
 
 def test_prompts_carry_evidence_and_optional_conclusion_line():
     state = HarnessState()
-    msgs = rubric_messages(["how to parse json?", "paths?"], state, evidence=[["json.loads", "json.load"], []])
-    assert "initial evidence: [json.loads] [json.load]" in msgs[1]["content"]
-    assert msgs == rubric_messages(["how to parse json?", "paths?"], state, evidence=[["json.loads", "json.load"], []])
+    docs = [[EvidenceDoc("json.loads", "Deserialize s to a Python object."), EvidenceDoc("json.load")], []]
+    msgs = rubric_messages(["how to parse json?", "paths?"], state, evidence=docs)
+    assert ("1. how to parse json?\n   initial evidence:\n   - [json.loads] Deserialize s to a Python object.\n"
+            "   - [json.load]\n2. paths?\n") in msgs[1]["content"]
+    assert msgs == rubric_messages(["how to parse json?", "paths?"], state, evidence=docs)
     assert "initial evidence" not in rubric_messages(["q"], state)[1]["content"]
     assert CONCLUSION_INSTRUCTION in solver_messages("q", RUB, state, 3)[0]["content"]
     assert "Conclusion:" not in solver_messages("q", RUB, state, 3, conclusion_line=False)[0]["content"]
+
+
+def test_initial_evidence_shows_titles_or_opening_words(bm25):
+    """D_q^0 reaches the rubric prompt with what each document is, not only its id: the title when it
+    says more than the id (wiki-18: numeric ids, article titles), else the passage's opening ~30 tokens."""
+    from score_lightning.retrieval.base import SearchHit
+    from score_lightning.roles.evidence import EVIDENCE_WORDS
+
+    wiki = EvidenceDoc.from_hit(SearchHit("1234567", '"Eiffel Tower"\nThe Eiffel Tower is a wrought-iron tower.', 1.0))
+    assert wiki.line() == "[1234567] Eiffel Tower"
+    long = " ".join(f"w{i}" for i in range(100))
+    same = EvidenceDoc.from_hit(SearchHit("json.loads", f'"json.loads"\n{long}', 1.0))
+    assert same.label == " ".join(f"w{i}" for i in range(EVIDENCE_WORDS)) + " ..."
+    evidence, errors = initial_evidence(bm25, ["how do I parse a JSON string?"], 2)
+    assert errors == 0 and len(evidence[0]) == 2
+    hits = bm25.search(["how do I parse a JSON string?"], 2)[0]
+    assert [d.id for d in evidence[0]] == [h.id for h in hits]
+    assert all(d.label and d.label.split()[0] in h.text for d, h in zip(evidence[0], hits))  # the stdlib: id == title
 
 
 def test_numeric_ids_are_cited():

@@ -89,7 +89,7 @@ def _one_step(tmp_path, extra: list[str]) -> dict:
         f"paths.output_dir={tmp_path}", "trainer.max_steps=1", "solver.num_rollouts=3", "optim.micro_batch_size=3",
         "solver.max_response_tokens=200", "evaluator.max_response_tokens=400", "evaluator.max_rubric_tokens=96",
         "reward.require_citation=true", "verifier.min_search_depth=1", "harness.every_n_steps=10", "optim.lr=1e-4",
-        "optim.warmup_steps=0", *extra])
+        "optim.warmup_steps=0", "evaluator.scoring=joint", *extra])  # the hand numbers score all K jointly
 
     def install(module):
         module.engine = module.evaluator_engine = ScriptedEngine(module.tokenizer, script)

@@ -50,6 +50,10 @@ def _num(lo: float, hi: float | None = None, lo_open: bool = False, hi_open: boo
 
 _BOOL = (lambda v: isinstance(v, bool), "true or false")
 _PRECISIONS = {"32-true", "32", "bf16-mixed", "bf16-true", "64-true"}
+_DTYPES = {"float32", "fp32", "bfloat16", "bf16", "float16", "fp16"}  # models.resolve_dtype (no torch import here)
+_LOW_PRECISION = {"bfloat16", "bf16", "float16", "fp16"}
+#: at or below this lr an AdamW step (~lr) is smaller than half the bf16/fp16 spacing of typical weights
+LOW_PRECISION_MAX_LR = 1e-5
 
 
 def validate_config(cfg: DictConfig) -> None:
@@ -72,6 +76,11 @@ def validate_config(cfg: DictConfig) -> None:
     c("evaluator.update_every", _int(1), "an integer >= 1")
     c("evaluator.ema_beta", _num(0.0, 1.0, hi_open=True), "a number in [0, 1)")
     c("evaluator.alpha", _num(0.0), "a number >= 0")
+    c("evaluator.optimizer", lambda v: v in ("own", "shared"), "'own' (lr alpha * optim.lr, its own Adam moments) or "
+      "'shared' (the solver's AdamW state; alpha weights the loss)")
+    if OmegaConf.select(cfg, "evaluator.optimizer") == "shared" and OmegaConf.select(cfg, "actor.shared") is False:
+        e.append("evaluator.optimizer='shared' with actor.shared=false: a separate evaluator model always has its own "
+                 "optimiser; use evaluator.optimizer=own")
     c("evaluator.temperature", _num(0.0, lo_open=True), "a number > 0")
     if cfg.evaluator.get("scoring_temperature") is not None:
         c("evaluator.scoring_temperature", _num(0.0), "null or a number >= 0 (0: greedy)")
@@ -88,8 +97,18 @@ def validate_config(cfg: DictConfig) -> None:
     c("evaluator.max_response_tokens", _int(8), "an integer >= 8")
     c("evaluator.max_tool_calls", _int(0, 10), "an integer in [0, 10]")
     c("evaluator.max_report_tokens", _int(1), "an integer >= 1")
+    c("evaluator.max_prompt_tokens", _int(8), "an integer >= 8")
+    c("evaluator.max_observation_tokens", _int(1), "an integer >= 1")
+    _check_lengths(cfg, e)
     c("verifier.enabled", *_BOOL)
     c("verifier.min_search_depth", _int(0, 10), "an integer in [0, 10]")
+    c("verifier.tau_from_harness", *_BOOL)
+    depth, calls = OmegaConf.select(cfg, "verifier.min_search_depth"), OmegaConf.select(cfg, "evaluator.max_tool_calls")
+    if (OmegaConf.select(cfg, "verifier.enabled") is True and isinstance(depth, int) and isinstance(calls, int)
+            and depth > calls):
+        e.append(f"verifier.min_search_depth={depth}: more searches than evaluator.max_tool_calls={calls} allows, so "
+                 "the verifier would zero every reward; lower it, raise evaluator.max_tool_calls, or "
+                 "verifier.enabled=false")
     c("reward.require_citation", *_BOOL)
     c("reward.citations", lambda v: v in ("any", "retrieved"),
       "'any' (any bracketed id counts) or 'retrieved' (cited ids must be among the trajectory's retrieved ones)")
@@ -102,6 +121,9 @@ def validate_config(cfg: DictConfig) -> None:
     c("optim.lr", _num(0.0, lo_open=True), "a number > 0")
     c("optim.warmup_steps", _int(0), "an integer >= 0")
     c("optim.warmup_start_ratio", _num(0.0, 1.0), "a number in [0, 1]")
+    if OmegaConf.select(cfg, "optim.warmup_ratio") is not None:
+        c("optim.warmup_ratio", _num(0.0, 1.0, hi_open=True), "null or a number in [0, 1) (a share of trainer.max_steps)")
+    c("optim.weight_decay", _num(0.0), "a number >= 0")
     c("optim.grad_clip", _num(0.0), "a number >= 0 (0 disables clipping)")
     c("optim.ppo_epochs", _int(1), "an integer >= 1")
     c("optim.mini_batch_size", _int(1), "an integer >= 1 (queries per optimiser step)")
@@ -126,6 +148,9 @@ def validate_config(cfg: DictConfig) -> None:
     c("evaluator.reward", lambda v: v in ("consistency", "discriminative", "preference", "solver_reward"),
       "'consistency', 'discriminative', 'preference' or 'solver_reward'")
     c("evaluator.rubric_queries", _int(1), "an integer >= 1")
+    if OmegaConf.select(cfg, "evaluator.rubric_weight_sum_tol") is not None:
+        c("evaluator.rubric_weight_sum_tol", _num(0.0, 1.0), "null (weights normalised, sum not checked) or a number "
+          "in [0, 1]")
     c("solver.conclusion_line", *_BOOL)
     c("optim.eps", _num(0.0, lo_open=True), "a number > 0")
     c("strategy.name", lambda v: v in ("single", "ddp", "fsdp"), "'single', 'ddp' or 'fsdp'")
@@ -153,6 +178,7 @@ def validate_config(cfg: DictConfig) -> None:
         from score_lightning.gguf_checkpoint import gguf_problems  # light: no torch, no transformers
 
         e.extend(gguf_problems(OmegaConf.to_container(gguf, resolve=True)))
+    _check_master_weights(cfg, e)
     template = OmegaConf.select(cfg, "model.chat_template")
     if isinstance(template, str) and template and "{" not in template and not Path(template).expanduser().is_file():
         e.append(f"model.chat_template={template!r}: neither a Jinja template nor a file")
@@ -177,6 +203,32 @@ def validate_config(cfg: DictConfig) -> None:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(e))
 
 
+def _check_lengths(cfg: DictConfig, errors: list[str]) -> None:
+    """What arithmetic alone refuses; the tokenizer-measured checks are :func:`score_lightning.budgets.check_budgets`."""
+    n = 1 if OmegaConf.select(cfg, "evaluator.scoring", default="joint") == "pointwise" else \
+        OmegaConf.select(cfg, "solver.num_rollouts")
+    report, cap = OmegaConf.select(cfg, "evaluator.max_report_tokens"), OmegaConf.select(cfg, "evaluator.max_prompt_tokens")
+    if all(isinstance(v, int) for v in (n, report, cap)) and n * report >= cap:
+        errors.append(f"evaluator.max_prompt_tokens={cap}: {n} reports x evaluator.max_report_tokens={report} = "
+                      f"{n * report} tokens leave no room for the query, rubric and instructions of the scoring "
+                      "prompt; raise evaluator.max_prompt_tokens or lower evaluator.max_report_tokens")
+    max_len = OmegaConf.select(cfg, "rollout.max_model_len", default=None)
+    if OmegaConf.select(cfg, "rollout.engine") != "vllm" or not isinstance(max_len, int):
+        return
+    sel = lambda k: OmegaConf.select(cfg, k)  # noqa: E731
+    solver = (sel("solver.max_prompt_tokens"), sel("solver.max_response_tokens"))
+    scoring = (cap, sel("evaluator.max_response_tokens"), sel("evaluator.max_tool_calls"),
+               sel("evaluator.max_observation_tokens"))
+    if all(isinstance(v, int) for v in solver) and sum(solver) > max_len:
+        errors.append(f"rollout.max_model_len={max_len}: shorter than solver.max_prompt_tokens + "
+                      f"solver.max_response_tokens = {sum(solver)}")
+    if all(isinstance(v, int) for v in scoring) and scoring[0] + scoring[1] + scoring[2] * scoring[3] > max_len:
+        errors.append(f"rollout.max_model_len={max_len}: shorter than an evaluation can grow: evaluator.max_prompt_tokens"
+                      f" + evaluator.max_response_tokens + evaluator.max_tool_calls x evaluator.max_observation_tokens "
+                      f"= {scoring[0] + scoring[1] + scoring[2] * scoring[3]} (observations are outside the "
+                      "evaluator's generation budget)")
+
+
 def data_parallel_size(cfg: DictConfig) -> int:
     """Processes that split the global batch: devices x nodes for ddp/fsdp, else 1."""
     if OmegaConf.select(cfg, "strategy.name") not in ("ddp", "fsdp"):
@@ -193,6 +245,26 @@ def data_parallel_processes(devices: int | str | list, num_nodes: int, tensor_pa
         devices = int(devices) if devices.isdigit() else 1
     per_node = devices if isinstance(devices, int) else len(devices)
     return max(1, int(per_node) * int(num_nodes) // int(tensor_parallel_size))
+
+
+def _check_master_weights(cfg: DictConfig, errors: list[str]) -> None:
+    """``model.dtype`` is the dtype of the weights the optimiser updates (FSDP2 shards them as loaded).
+
+    bf16 keeps 8 significant bits: near a weight of 0.02 its spacing is ~1.2e-4, so an AdamW step of
+    ~lr = 1e-6 rounds back to the same weight and the run trains almost nothing, silently. Compute
+    in bf16 comes from ``trainer.precision`` / ``strategy.mixed_precision`` instead.
+    """
+    _check(cfg, "model.dtype", lambda v: v in _DTYPES, f"one of {sorted(_DTYPES)}", errors)
+    dtype, lr = OmegaConf.select(cfg, "model.dtype"), OmegaConf.select(cfg, "optim.lr")
+    if dtype not in _LOW_PRECISION or not isinstance(lr, (int, float)) or lr > LOW_PRECISION_MAX_LR:
+        return
+    if OmegaConf.select(cfg, "model.allow_low_precision_weights", default=False) is True:
+        return
+    errors.append(f"model.dtype={dtype!r} with optim.lr={lr:g}: the optimiser would update {dtype} master weights, "
+                  f"whose spacing near a weight of 0.02 is ~1.2e-4 (bf16) or ~1.5e-5 (fp16), so steps of ~lr round "
+                  "away and the run trains almost nothing; use model.dtype=float32 (bf16 compute comes from "
+                  "trainer.precision=bf16-mixed and strategy.mixed_precision=bf16), or set "
+                  "model.allow_low_precision_weights=true if the rounding is intended")
 
 
 def _check_lora(cfg: DictConfig, errors: list[str]) -> None:

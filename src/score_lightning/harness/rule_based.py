@@ -19,7 +19,10 @@ healthy run therefore keeps exactly the configured constraints; "base" below mea
 | feasibility (always) | ``k * weight_min > 1`` or ``k * weight_max < 1`` | ``weight_min`` down to ``floor(100/k)/100``, ``weight_max`` up to ``ceil(100/k)/100`` |
 
 Why these directions: low verification means the evaluator scores without checking, so the
-verifier would zero its rewards - more required tool calls push it to search. Saturation (high
+verifier zeroes its rewards - more required tool calls ask it, in the scoring prompt, to search.
+That minimum is a prompt rule: tau_s stays ``verifier.min_search_depth`` unless
+``verifier.tau_from_harness=true`` (raising tau_s with it would lower ``verified_rate`` further and
+ratchet the minimum to its cap, ``max_tool_calls``: ``evaluator.max_tool_calls`` in ``configs/harness/rule.yaml``). Saturation (high
 consistency, or rewards that no longer separate the K reports) means the rubric has stopped being
 informative - more dimensions and an explicit gap analysis make it discriminate again. Invalid
 rubrics usually fail the weight bounds, so the bounds are relaxed until the evaluator can comply.

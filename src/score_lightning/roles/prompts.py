@@ -32,6 +32,7 @@ from score_lightning.protocol import (
     VERIFICATION_CLOSE,
     VERIFICATION_OPEN,
 )
+from score_lightning.roles.evidence import EvidenceDoc
 from score_lightning.roles.rubric import Rubric, format_weight
 
 Message = dict[str, str]
@@ -113,7 +114,8 @@ def format_constraints(state: HarnessState) -> str:
     pool = "\n".join(_line(name, None, state) for name in state.dimension_pool)
     return (
         f"Constraints: k = {dc.k} dimensions; must include: {must}; "
-        f"each weight between {dc.weight_min:g} and {dc.weight_max:g}; weights sum to 1.\n"
+        f"each weight between {dc.weight_min:g} and {dc.weight_max:g} (a must-include dimension: any weight "
+        "up to 1); weights sum to 1.\n"
         f"Dimension pool:\n{pool}"
     )
 
@@ -160,19 +162,21 @@ def rubric_messages(
     required: Sequence[str] = (),
     avoided: Sequence[str] = (),
     explore: Sequence[str] = (),
-    evidence: Sequence[Sequence[str]] | None = None,
+    evidence: Sequence[Sequence[EvidenceDoc]] | None = None,
 ) -> list[Message]:
     """System: the rubric format and rules. User: queries, harness constraints, scheduler hints, notes.
 
-    ``evidence`` (one id list per query) is the initial evidence D_q^0 = R(q): the evaluation
+    ``evidence`` (one document list per query) is the initial evidence D_q^0 = R(q): the evaluation
     environment is E_q = Harness(q, D_q^0, S), so the evaluator chooses its rubric knowing what the
-    corpus returns for each query (ids only: the passages themselves would crowd the prompt).
+    corpus returns for each query: each document's id with its title or opening words
+    (:mod:`~score_lightning.roles.evidence`; the passages themselves would crowd the prompt).
     """
     lines = []
     for i, q in enumerate(queries, 1):
         lines.append(f"{i}. {q.strip()}")
         if evidence is not None and i - 1 < len(evidence) and evidence[i - 1]:
-            lines.append("   initial evidence: " + " ".join(f"[{d}]" for d in evidence[i - 1]))
+            lines.append("   initial evidence:")
+            lines.extend(f"   - {d.line()}" for d in evidence[i - 1])
     listed = "\n".join(lines)
     hints = []
     if required:

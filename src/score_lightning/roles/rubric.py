@@ -154,8 +154,14 @@ def _read_rubric(block: str) -> tuple[Rubric | None, str]:
     return Rubric(tuple(dims), tuple(weights)), ""
 
 
-def check_rubric(rubric: Rubric, state: HarnessState) -> str:
-    """First violated harness constraint as a short reason, or ``""`` when the rubric is valid."""
+def check_rubric(rubric: Rubric, state: HarnessState, weight_sum_tol: float | None = WEIGHT_SUM_TOL) -> str:
+    """First violated harness constraint as a short reason, or ``""`` when the rubric is valid.
+
+    As the paper's Listing 4 states them: the weight bounds apply to the k - |must_include| dimensions
+    the evaluator chose; a must-include dimension (the primary one) is exempt and needs only a weight
+    in (0, 1]. The weights must sum to 1 within ``weight_sum_tol`` (``evaluator.rubric_weight_sum_tol``;
+    ``None``: any positive total, see :func:`parse_rubric`).
+    """
     dc = state.dimension_constraints
     for d in rubric.dims:
         if d not in state.dimension_pool:
@@ -170,19 +176,29 @@ def check_rubric(rubric: Rubric, state: HarnessState) -> str:
     for d in dc.must_include:
         if d not in seen:
             return f"must_include '{d}' missing"
+    must = set(dc.must_include)
     for d, w in zip(rubric.dims, rubric.weights):
-        if w > dc.weight_max + WEIGHT_BOUND_TOL:
+        if d in must:
+            if not 0.0 < w <= 1.0 + WEIGHT_BOUND_TOL:
+                return f"weight {w:g} of must-include '{d}' outside (0, 1]"
+        elif w > dc.weight_max + WEIGHT_BOUND_TOL:
             return f"weight {w:g} > weight_max {dc.weight_max:g} ('{d}')"
-        if w < dc.weight_min - WEIGHT_BOUND_TOL:
+        elif w < dc.weight_min - WEIGHT_BOUND_TOL:
             return f"weight {w:g} < weight_min {dc.weight_min:g} ('{d}')"
     total = math.fsum(rubric.weights)
-    if abs(total - 1.0) > WEIGHT_SUM_TOL + 1e-9:
-        return f"weights sum to {total:.2f}, need 1±{WEIGHT_SUM_TOL:g}"
+    if weight_sum_tol is not None and abs(total - 1.0) > weight_sum_tol + 1e-9:
+        return f"weights sum to {total:.2f}, need 1±{weight_sum_tol:g}"
+    if total <= 0.0:
+        return "weights sum to 0"
     return ""
 
 
-def parse_rubric(text: str, state: HarnessState) -> RubricParse:
-    """Read the first complete ``<dimensions>`` block and check it against ``state``. Never raises."""
+def parse_rubric(text: str, state: HarnessState, weight_sum_tol: float | None = WEIGHT_SUM_TOL) -> RubricParse:
+    """Read the first complete ``<dimensions>`` block and check it against ``state``. Never raises.
+
+    With ``weight_sum_tol=None`` the sum is not checked and a valid rubric's weights are divided by
+    their total, so R_s = a(r) (1 + sum_j w_j s_j) keeps its scale whatever the evaluator wrote.
+    """
     if not isinstance(text, str):
         return _fail("not text")
     block, error = _read_block(text)
@@ -191,7 +207,10 @@ def parse_rubric(text: str, state: HarnessState) -> RubricParse:
     rubric, error = _read_rubric(block)
     if rubric is None:
         return _fail(error)
-    error = check_rubric(rubric, state)
+    error = check_rubric(rubric, state, weight_sum_tol)
+    if not error and weight_sum_tol is None:
+        total = math.fsum(rubric.weights)
+        rubric = Rubric(rubric.dims, tuple(w / total for w in rubric.weights))
     return RubricParse(rubric=rubric, valid=not error, error=error)
 
 

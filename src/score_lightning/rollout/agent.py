@@ -41,6 +41,10 @@ class AgentConfig:
     #: the role's finishing tag: ``</answer>`` for the solver, ``</report_evaluations>`` for scoring
     finish_tag: str = P.ANSWER_CLOSE
     allow_search: bool = True
+    #: True: ``max_response_tokens`` bounds the whole response, observations included (the solver, as
+    #: verl counts it). False: it bounds the model's own tokens only and observations come on top, each
+    #: cut to ``max_observation_tokens`` (scoring: searches must not eat the room to score every report)
+    observations_in_budget: bool = True
 
 
 class TurnConstraint(Protocol):
@@ -129,7 +133,7 @@ def run_agent(
                 if lockstep:  # a collective engine: join the other ranks' call with no prompts
                     engine.generate([], SamplingParams(max_new_tokens=1, stop_token_ids=stops.token_ids))
                 continue
-            budget = max(cfg.max_response_tokens - len(trajs[i].response_ids) for i in group)
+            budget = max(_room(trajs[i], cfg) for i in group)
             grammars = ()
             if constraints is not None and any(c is not None for c in constraints):
                 searching = stops is search_stops
@@ -141,7 +145,7 @@ def run_agent(
             gens = engine.generate([trajs[i].prompt_ids + trajs[i].response_ids for i in group], params)
             for i, gen in zip(group, gens):
                 t = trajs[i]
-                room = cfg.max_response_tokens - len(t.response_ids)
+                room = _room(t, cfg)
                 ids = gen.token_ids[:room]
                 lps = gen.logprobs[:room] if gen.logprobs is not None else None
                 t.append(ids, 1, lps)
@@ -170,6 +174,11 @@ def run_agent(
         _answer_searches(pending, trajs, retriever, cfg, tokenizer)
         active = [i for i in active if not trajs[i].finished and not trajs[i].truncated]
     return trajs
+
+
+def _room(t: Trajectory, cfg: AgentConfig) -> int:
+    """Tokens the model may still write: the budget minus what counts against it (see ``observations_in_budget``)."""
+    return cfg.max_response_tokens - (len(t.response_ids) if cfg.observations_in_budget else t.num_model_tokens)
 
 
 def _any_active(active: list[int], lockstep: bool) -> bool:
@@ -224,6 +233,9 @@ def _answer_searches(pending, trajs, retriever, cfg: AgentConfig, tokenizer) -> 
             t.retrieved_ids.extend(d for d in doc_ids if d not in t.retrieved_ids)
         if t.tool_calls >= cfg.max_tool_calls:
             ids = ids + _wrap_observation(P.tool_budget_observation(cfg.finish_tag), 64, tokenizer)
+        if not cfg.observations_in_budget:
+            t.append(ids, 0)
+            continue
         room = cfg.max_response_tokens - len(t.response_ids)
         t.append(ids[:room], 0)
         if len(t.response_ids) >= cfg.max_response_tokens:

@@ -7,7 +7,8 @@ re-tokenised after this point (token drift across turns: TRL #5224, verl #3960).
 from __future__ import annotations
 
 
-def encode_chat(tokenizer, messages: list[dict], max_tokens: int | None = None) -> list[int]:
+def encode_chat(tokenizer, messages: list[dict], max_tokens: int | None = None,
+                key: str = "solver.max_prompt_tokens") -> list[int]:
     """Ids of ``messages`` with the chat template and an open assistant turn.
 
     A prompt longer than ``max_tokens`` is refused rather than silently cut: a cut prompt loses the
@@ -17,7 +18,7 @@ def encode_chat(tokenizer, messages: list[dict], max_tokens: int | None = None) 
     ids = list(enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc)
     if max_tokens is not None and len(ids) > max_tokens:
         raise ValueError(
-            f"a prompt has {len(ids)} tokens > solver.max_prompt_tokens={max_tokens}; raise it or shorten the query"
+            f"a prompt has {len(ids)} tokens > {key}={max_tokens}; raise it or shorten the query"
         )
     return ids
 

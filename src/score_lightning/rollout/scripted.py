@@ -22,21 +22,12 @@ from dataclasses import dataclass
 
 from score_lightning import protocol as P
 from score_lightning.rollout.engine import Generation, SamplingParams
+from score_lightning.rollout.script_request import ScriptRequest, report_body  # noqa: F401  (re-exported)
+from score_lightning.rollout.scripted_roles import WORKFLOW_ROLES
 from score_lightning.rollout.stops import first_stop
 
 _QUESTION_RE = re.compile(r"Question: (.*?)\n\n", re.DOTALL)
 _FIRST_QUERY_RE = re.compile(r"Queries:\n1\. (.*?)\n")
-
-
-@dataclass(frozen=True)
-class ScriptRequest:
-    role: str  # "rubric" | "items" (RLER) | "solver" | "scoring" | "mams_search" | "mams_state" | "mams_report"
-    #            | "step" (a step judgement) | "unknown"
-    query: str  # the question (for a rubric prompt: the first listed query)
-    index: int  # position among identical prompts of the same batch: the rollout k for the solver
-    turn: int  # 0 for the first generation of this trajectory
-    context: str  # decoded prompt + every generated and observed token so far
-    prompt: str  # decoded initial prompt
 
 
 def prompt_role(prompt_text: str) -> str:
@@ -177,9 +168,7 @@ class ProtocolResponder:
             return self.scoring(req)
         if req.role == "items":
             return self.items(req)
-        from score_lightning.rollout.scripted_roles import WORKFLOW_ROLES  # solver.agent=mams, reward.step=rubric
-
-        if req.role in WORKFLOW_ROLES:
+        if req.role in WORKFLOW_ROLES:  # solver.agent=mams, reward.step=rubric
             return WORKFLOW_ROLES[req.role](req)
         return P.IM_END
 
@@ -228,14 +217,3 @@ class ProtocolResponder:
                            f"{P.GAP_OPEN}depth of analysis{P.GAP_CLOSE}{P.SCORES_OPEN}{scores}{P.SCORES_CLOSE}"
                            f"{P.REPORT_CLOSE}")
         return f"{P.EVALS_OPEN}{''.join(reports)}{P.EVALS_CLOSE}"
-
-
-def report_body(words: str, doc_id: str | None, variant: int) -> str:
-    """The scripted report of quality ``variant``: 0 long and cited twice, 1 short and cited, 2 uncited."""
-    cite = f" [{doc_id}]" if doc_id else ""
-    if variant == 0:
-        return (f"The documentation describes {words}{cite}. It explains the behaviour in detail and "
-                f"gives the main caveats{cite}.\n\nConclusion: {words} is documented in the standard library.")
-    if variant == 1:
-        return f"{words} is covered by the corpus{cite}.\n\nConclusion: see the module documentation first."
-    return f"{words} is probably relevant here, but I did not check it.\n\nConclusion: unclear."

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from score_lightning.roles import mams_prompts as M
 from score_lightning.roles.step_judge import STEP_EVAL_CLOSE, STEP_EVAL_OPEN, STEP_RUBRIC_CLOSE, STEP_RUBRIC_OPEN
-from score_lightning.rollout.scripted import ScriptRequest, report_body
+from score_lightning.rollout.script_request import ScriptRequest, report_body
 
 _WORD_RE = re.compile(r"[A-Za-z_.]+")
 _ID_RE = re.compile(r"\[([^\]\s]+)\]")

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from score_lightning.harness.scheduler import DimensionScheduler
 from score_lightning.harness.state import HarnessState
 from score_lightning.retrieval.base import Retriever
+from score_lightning.roles.evidence import EvidenceDoc
 from score_lightning.rollout.engine import RolloutEngine
 from score_lightning.step.types import StepRubric
 
@@ -33,7 +34,7 @@ class RubricSource(Protocol):
     trains_evaluator: bool
 
     def step_rubrics(self, ctx: RubricContext, queries: Sequence[str], query_ids: Sequence[str],
-                     evidence: Sequence[Sequence[str]]) -> StepRubric: ...
+                     evidence: Sequence[Sequence[EvidenceDoc]]) -> StepRubric: ...
 
     def observe(self, ctx: RubricContext, queries: Sequence[str], query_ids: Sequence[str],
                 item_scores: Sequence[Any], reports: Sequence[Sequence[str | None]],

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from score_lightning.roles.evidence import EvidenceDoc
 from score_lightning.roles.rubric import fallback_rubric, rubric_token_span
 from score_lightning.rollout.agent import TagStops
 from score_lightning.rollout.chat import encode_chat
@@ -77,7 +78,7 @@ class EvolvingRubrics:
 
     # ------------------------------------------------------------------ before the rollouts
     def step_rubrics(self, ctx: RubricContext, queries: Sequence[str], query_ids: Sequence[str],
-                     evidence: Sequence[Sequence[str]]) -> StepRubric:
+                     evidence: Sequence[Sequence[EvidenceDoc]]) -> StepRubric:
         prompts, owners = [], []
         for qi, (q, qid) in enumerate(zip(queries, query_ids)):
             entry = self.buffer.get(str(qid))

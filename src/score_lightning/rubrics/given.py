@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from score_lightning.data.corpus import DataFormatError, iter_jsonl
+from score_lightning.roles.evidence import EvidenceDoc
 from score_lightning.roles.rubric import Rubric, fallback_rubric
 from score_lightning.rubrics.base import RubricContext
 from score_lightning.step.types import StepRubric
@@ -125,7 +126,7 @@ class GivenRubrics:
         self.rubrics = load_given_rubrics(self.path, self.include_explanation, self.max_items)
 
     def step_rubrics(self, ctx: RubricContext, queries: Sequence[str], query_ids: Sequence[str],
-                     evidence: Sequence[Sequence[str]]) -> StepRubric:
+                     evidence: Sequence[Sequence[EvidenceDoc]]) -> StepRubric:
         per_query, missing = [], []
         for qid in query_ids:
             rubric = self.rubrics.get(str(qid))

@@ -53,6 +53,8 @@ class DemoBudgets:
     evaluator_max_tool_calls: int = 2
     max_report_tokens: int = 96
     num_rollouts: int = 4
+    scoring: str = "joint"  # evaluator.scoring: scoring demos over K reports (joint) or one (pointwise)
+    show_retrieved: bool = False  # evaluator.show_retrieved: reports shown with the ids their searches returned
 
     @classmethod
     def from_cfg(cls, cfg) -> "DemoBudgets":
@@ -63,6 +65,7 @@ class DemoBudgets:
             topk=int(s.topk), max_rubric_tokens=int(e.max_rubric_tokens),
             evaluator_max_response_tokens=int(e.max_response_tokens), evaluator_max_tool_calls=int(e.max_tool_calls),
             max_report_tokens=int(e.max_report_tokens), num_rollouts=int(s.num_rollouts),
+            scoring=str(e.get("scoring", "joint")), show_retrieved=bool(e.get("show_retrieved", False)),
         )
 
     def solver_agent(self) -> AgentConfig:

@@ -39,7 +39,8 @@ from score_lightning.sft.workflow_demos import ExtraKind
 log = logging.getLogger(__name__)
 
 #: Bump whenever the generated demonstrations change, so cached SFT checkpoints are rebuilt.
-DEMO_VERSION = 6
+DEMO_VERSION = 8  # 7: scoring demos for either protocol (pointwise, show_retrieved); 8: rubric prompts list D_q^0
+                  # with titles / opening words, as RL's do
 
 
 class DemoBuilder:

@@ -18,8 +18,9 @@ from score_lightning import protocol as P
 from score_lightning.data.queries import load_queries
 from score_lightning.harness.scheduler import DimensionScheduler
 from score_lightning.harness.state import HarnessState
+from score_lightning.roles.evidence import evidence_from_hits
 from score_lightning.roles.prompts import rubric_messages, solver_messages
-from score_lightning.roles.rubric import fallback_rubric, parse_rubric
+from score_lightning.roles.rubric import WEIGHT_SUM_TOL, fallback_rubric, parse_rubric
 from score_lightning.rollout.agent import TagStops, run_agent
 from score_lightning.rollout.engine import SamplingParams
 from score_lightning.rollout.hf_engine import HFEngine
@@ -50,13 +51,15 @@ def probe_policy(model, tokenizer, retriever, cfg: DictConfig, n_rubric: int, n_
         torch.manual_seed(seed)
         if n_rubric > 0:
             nq = int(cfg.data.batch_size)
-            prompts = [encode_chat(tokenizer, rubric_messages(rng.sample(queries, nq), state, sched.required(),
-                                                            sched.avoided(), sched.explore()))
-                       for _ in range(n_rubric)]
+            sampled = [rng.sample(queries, nq) for _ in range(n_rubric)]
+            prompts = [encode_chat(tokenizer, rubric_messages(qs, state, sched.required(), sched.avoided(), sched.explore(),
+                                                            evidence=evidence_from_hits(retriever.search(qs, b.topk))))
+                       for qs in sampled]
             stops = TagStops(tokenizer, [P.DIMENSIONS_CLOSE])
             gens = engine.generate(prompts, SamplingParams(b.max_rubric_tokens, float(cfg.evaluator.temperature),
                                                            stop_token_ids=stops.token_ids, stop_strings=stops.strings))
-            parses = [parse_rubric(tokenizer.decode(g.token_ids), state) for g in gens]
+            tol = cfg.evaluator.get("rubric_weight_sum_tol", WEIGHT_SUM_TOL)
+            parses = [parse_rubric(tokenizer.decode(g.token_ids), state, tol) for g in gens]
             out["probe/rubric_valid_rate"] = float(np.mean([p.valid for p in parses]))
             out["probe/rubric_parsed_rate"] = float(np.mean([p.rubric is not None for p in parses]))
             out["probe/rubric_len_mean"] = float(np.mean([len(g.token_ids) for g in gens]))

@@ -1,7 +1,8 @@
 """Rubric demos, and the random harness states and rubrics the other kinds reuse.
 
 Prompt: :func:`rubric_messages` for a random valid harness state (k, must-include, weight bounds,
-notes; half of them the run's initial state) and scheduler hints. Response: a short
+notes; half of them the run's initial state), scheduler hints, and each query's initial evidence
+D_q^0 (the retriever's top ``solver.topk`` documents with their titles), exactly as RL's rubric prompt. Response: a short
 ``<think>k = 3.</think>`` (mostly), then a ``<dimensions>`` block that satisfies the constraints:
 must-include first, the other dimensions in pool order, weights from a fixed per-k profile
 (:data:`WEIGHT_PROFILES`) when the bounds allow. Many different rubrics per prompt. The response
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 
 from score_lightning import protocol as P
 from score_lightning.harness.state import HarnessState
+from score_lightning.roles.evidence import evidence_from_hits
 from score_lightning.roles.prompts import rubric_messages
 from score_lightning.roles.rubric import Rubric, fallback_rubric
 from score_lightning.sft.context import DemoContext
@@ -191,7 +193,8 @@ def rubric_group(ctx: DemoContext, rng: random.Random, n: int) -> list[Demo]:
         required = others[: rng.randint(0, 1)]
         avoided = others[1 : 1 + rng.randint(0, 2)]
         explore = others[3 : 3 + rng.randint(0, 2)]
-    prompt = encode_chat(ctx.tok, rubric_messages(queries, state, required, avoided, explore))
+    evidence = evidence_from_hits(ctx.retriever.search(queries, b.topk))  # D_q^0, as the RL rubric prompt shows it
+    prompt = encode_chat(ctx.tok, rubric_messages(queries, state, required, avoided, explore, evidence=evidence))
     if len(prompt) > b.max_prompt_tokens:
         return []
     out = []

@@ -1,11 +1,13 @@
-"""Scoring demos: the evaluator verifying and scoring K reports of known, mixed quality.
+"""Scoring demos: the evaluator verifying and scoring reports of known, mixed quality.
 
-Prompt: :func:`scoring_messages` over K reports (solver-style answers, some deliberately degraded:
-no citations, invented citations, off-topic, cut short, missing). Response: verification
-``<search>`` calls with real observations, then ``<report_evaluations>`` with ``<verification>``,
-``<gap_analysis>`` and integer scores that follow report quality, then EOS. Because each report's
-quality is known when it is written, the scores can rank them correctly, which is what the
-evaluator has to learn.
+Prompt: :func:`scoring_messages` over K reports (``evaluator.scoring=joint``) or over one report
+(``pointwise``), solver-style answers, some deliberately degraded: no citations, invented citations,
+citations of real documents the report's searches never returned, off-topic, cut short, missing. With
+``evaluator.show_retrieved`` each report comes with the ids its searches returned, and the
+verification says whether its citations are among them. Response: verification ``<search>`` calls
+with real observations, then ``<report_evaluations>`` with ``<verification>``, ``<gap_analysis>`` and
+integer scores that follow report quality, then EOS. Because each report's quality is known when it
+is written, the scores can rank them correctly, which is what the evaluator has to learn.
 """
 
 from __future__ import annotations
@@ -25,39 +27,56 @@ from score_lightning.sft.solver_demos import answer_for, solver_plan, visible_ev
 from score_lightning.sft.text import query_entities, search_queries
 
 #: base score per report quality kind; the key order is also the order kinds are drawn in
-_BASE_SCORES = {"good": 8, "partial": 6, "no_citation": 4, "fake_citation": 4, "truncated": 4, "off_topic": 2, "empty": 0}
+_BASE_SCORES = {"good": 8, "partial": 6, "no_citation": 4, "fake_citation": 3, "unretrieved_citation": 3,
+                "truncated": 4, "off_topic": 2, "empty": 0}
 #: how often each kind is drawn: close to what the evaluator meets at the first RL steps, where a third to
 #: a half of the cold start's answers are invalid, most of them never closed ("(no report)") or uncited
-_KIND_WEIGHTS = (0.3, 0.1, 0.15, 0.1, 0.1, 0.05, 0.2)
+_KIND_WEIGHTS = (0.3, 0.1, 0.15, 0.05, 0.1, 0.05, 0.05, 0.2)
+#: kinds whose citations are not grounded in the report's own searches
+_UNGROUNDED = ("fake_citation", "unretrieved_citation")
 _CITE_RE = re.compile(r"\[([^\]\s]+)\]")
 
 
+def _sources(ctx: DemoContext, hits: list) -> list[str]:
+    """The ids a solver with these searches retrieved: those its observations showed."""
+    return list(dict.fromkeys(e.doc_id for hs in hits for e in visible_evidence(ctx.tok, hs, ctx.b.max_observation_tokens)))
+
+
 def _report(ctx: DemoContext, rng: random.Random, query: str, rubric: Rubric, kind: str) -> tuple[str, dict]:
-    """One report of a given quality ``kind`` and the features its scores depend on."""
-    if kind == "empty":
-        return "(no report)", {"kind": kind, "cited": []}
+    """One report of a given quality ``kind``, the features its scores depend on, and its ``sources``."""
+    if kind == "empty":  # the solver searched (or not) and never closed its answer
+        sources = _sources(ctx, solver_plan(ctx, rng, query, rng.randint(1, 2))[1]) if rng.random() < 0.5 else []
+        return "(no report)", {"kind": kind, "cited": [], "sources": sources}
     if kind == "off_topic":
         other = rng.choice([q for q in ctx.queries if q != query] or [query])
         _, hits = solver_plan(ctx, rng, other, rng.randint(1, 2))
         text = answer_for(ctx, rng, other, hits, rubric, 2)
-        return text or "(no report)", {"kind": kind, "cited": list(dict.fromkeys(_CITE_RE.findall(text)))}
+        return text or "(no report)", {"kind": kind, "cited": list(dict.fromkeys(_CITE_RE.findall(text))),
+                                       "sources": _sources(ctx, hits)}
     _, hits = solver_plan(ctx, rng, query, rng.randint(1, 3))
+    sources = _sources(ctx, hits)
     text = answer_for(ctx, rng, query, hits, rubric, 3 if kind != "partial" else 1)
     if not text:
-        return "(no report)", {"kind": "empty", "cited": []}
+        return "(no report)", {"kind": "empty", "cited": [], "sources": sources}
     if kind == "no_citation":
         text = re.sub(r"\s*\[[^\]\s]+\]", "", text).replace("According to ,", "According to the docs,")
-    elif kind == "fake_citation":
+    elif kind in _UNGROUNDED:
         cited = _CITE_RE.findall(text)
         if cited:
-            fake = cited[0].rsplit(".", 1)[0] + "." + rng.choice(("helper", "fast_path", "legacy", "internal"))
-            text = text.replace(f"[{cited[0]}]", f"[{fake}]")
+            if kind == "fake_citation":  # an invented id, e.g. json.helper
+                other = cited[0].rsplit(".", 1)[0] + "." + rng.choice(("helper", "fast_path", "legacy", "internal"))
+            else:  # a real corpus document that these searches did not return
+                pool = sorted(ctx.known_ids - set(sources)) or ["os.path"]
+                other = rng.choice(pool)
+            text = text.replace(f"[{cited[0]}]", f"[{other}]")
     elif kind == "truncated":
         text = text.split("\nConclusion:")[0]
         words = text.split(" ")
         text = " ".join(words[: max(4, len(words) // 2)])
     cited = list(dict.fromkeys(_CITE_RE.findall(text)))
-    return text, {"kind": kind, "cited": cited}
+    if kind in _UNGROUNDED and all(c in sources for c in cited):
+        kind = "good"  # nothing to replace (no citation survived): the report is what it is
+    return text, {"kind": kind, "cited": cited, "sources": sources}
 
 
 def _scores(rng: random.Random, feat: dict, rubric: Rubric, confirmed: set[str]) -> list[int]:
@@ -71,7 +90,7 @@ def _scores(rng: random.Random, feat: dict, rubric: Rubric, confirmed: set[str])
             continue
         v = base  # no jitter: the same report gets the same scores, a mapping a small model can learn
         if d in ("citation_grounding", "factual_support"):
-            if kind in ("no_citation", "fake_citation"):
+            if kind == "no_citation" or kind in _UNGROUNDED:
                 v -= 2
             elif any(c in confirmed for c in feat["cited"]):
                 v += 1
@@ -90,8 +109,10 @@ def _reason(v: int) -> str:
     return "strong" if v >= 8 else "good" if v >= 6 else "weak" if v >= 4 else "poor"
 
 
-def _verification(feat: dict, confirmed: set[str], known_ids: frozenset[str]) -> str:
-    """What the searches showed about the report's first citation."""
+def _verification(feat: dict, confirmed: set[str], known_ids: frozenset[str], show_retrieved: bool) -> str:
+    """What the evidence showed about the report's citations: with ``show_retrieved``, whether they are
+    among the ids the report's searches returned (shown in the prompt); else what the evaluator's own
+    searches found about the first one."""
     kind, cited = feat["kind"], feat["cited"]
     if kind == "empty":
         return "No report."
@@ -99,6 +120,9 @@ def _verification(feat: dict, confirmed: set[str], known_ids: frozenset[str]) ->
         return "Off-topic."
     if not cited:
         return "No citations."
+    if show_retrieved:
+        missing = [c for c in cited if c not in feat["sources"]]
+        return f"[{missing[0]}] never retrieved." if missing else f"[{cited[0]}] retrieved."
     c = cited[0]
     if c in confirmed:
         return f"[{c}] found by search."
@@ -123,18 +147,20 @@ def _gap(query: str, text: str, feat: dict, known_ids: frozenset[str]) -> str:
 
 
 def scoring_group(ctx: DemoContext, rng: random.Random, query: str, n: int) -> list[Demo]:
-    """``n`` evaluations of one scoring prompt (K reports of mixed quality)."""
+    """``n`` evaluations of one scoring prompt: K reports of mixed quality (joint), or one (pointwise)."""
     b = ctx.b
     state = random_state(rng, ctx.base, b.evaluator_max_tool_calls)
     rubric = fallback_rubric(state) if rng.random() < 0.3 else random_rubric(rng, state)
-    K = b.num_rollouts if rng.random() < 0.75 else rng.randint(2, max(3, b.num_rollouts + 1))
+    pointwise = b.scoring == "pointwise"
+    K = 1 if pointwise else b.num_rollouts if rng.random() < 0.75 else rng.randint(2, max(3, b.num_rollouts + 1))
     kinds = rng.choices(list(_BASE_SCORES), weights=_KIND_WEIGHTS, k=K)
     reports, feats = [], []
     for kind in kinds:
         text, feat = _report(ctx, random.Random(rng.random()), query, rubric, kind)
         reports.append(truncate_text(ctx.tok, text, b.max_report_tokens))
         feats.append(feat)
-    prompt = encode_chat(ctx.tok, scoring_messages(query, reports, rubric, state))
+    sources = [f["sources"] for f in feats] if b.show_retrieved else None
+    prompt = encode_chat(ctx.tok, scoring_messages(query, reports, rubric, state, sources, pointwise=pointwise))
     if len(prompt) > b.max_prompt_tokens:
         return []
     out = []
@@ -172,7 +198,8 @@ def _scoring_response(ctx: DemoContext, rng: random.Random, query: str, state: H
             scores = _scores(sub, feat, rubric, confirmed)
             parts = [f'<report id="{i}">']
             if pc.require_verification or not short:
-                parts.append(f"{P.VERIFICATION_OPEN}{_verification(feat, confirmed, ctx.known_ids)}{P.VERIFICATION_CLOSE}")
+                parts.append(f"{P.VERIFICATION_OPEN}{_verification(feat, confirmed, ctx.known_ids, b.show_retrieved)}"
+                             f"{P.VERIFICATION_CLOSE}")
             if pc.require_gap_analysis or not short:
                 parts.append(f"{P.GAP_OPEN}{_gap(query, text, feat, ctx.known_ids)}{P.GAP_CLOSE}")
             sc = "".join(
@@ -193,6 +220,7 @@ def _scoring_response(ctx: DemoContext, rng: random.Random, query: str, state: H
         return Demo(SCORING, prompt, traj.response_ids + [ctx.eos], traj.response_mask + [1], meta={
             "query": query, "num_reports": K, "state": state.to_dict(),
             "rubric": [list(rubric.dims), list(rubric.weights)], "kinds": [f["kind"] for f in feats],
+            "scoring": b.scoring, "sources": [f["sources"] for f in feats] if b.show_retrieved else None,
             "search_queries": list(qs), "tool_calls": traj.tool_calls,
         })
     return None

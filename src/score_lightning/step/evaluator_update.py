@@ -1,7 +1,10 @@
 """Stage 5b: Phase 2, the evaluator's REINFORCE update on the tokens that wrote the step's rubrics.
 
-loss = mean_s(-alpha * A_s * sum_t log pi(token t of rubric s | its prompt)) + kl_coef * mean_t k3(pi, ref),
-over the tokens up to the end of each rubric block (``RubricSample.train_mask``). SCORE's single
+loss = mean_s(-A_s * sum_t log pi(token t of rubric s | its prompt)) + kl_coef * mean_t k3(pi, ref),
+over the tokens up to the end of each rubric block (``RubricSample.train_mask``), stepped by the
+evaluator's own AdamW at lr ``alpha * optim.lr`` (:mod:`score_lightning.optimizers`): alpha =
+eta_e / eta_s is a step-size ratio, which a factor on the loss would not be under Adam. With
+``evaluator.optimizer=shared`` the step goes through the solver's AdamW and the loss carries alpha. SCORE's single
 rubric is the one rank 0 sampled and broadcast: every rank computes the same loss and DDP / FSDP2
 average identical gradients, so the update equals one process training it once. Rubrics that
 belong to queries (RLER items) differ by rank; every rank still makes exactly one forward and
@@ -25,14 +28,15 @@ from score_lightning.step.types import RubricSample
 @dataclass(frozen=True)
 class ReinforceSettings:
     temperature: float  # the rubric's sampling temperature (evaluator.temperature)
-    alpha: float
+    alpha: float  # the loss's factor: 1 when alpha is the evaluator's lr ratio (optimizers.loss_alpha)
     kl_coef: float
     kl_clamp: float
 
     @classmethod
     def from_cfg(cls, cfg) -> "ReinforceSettings":
-        return cls(float(cfg.evaluator.temperature), float(cfg.evaluator.alpha), float(cfg.loss.kl_coef),
-                   float(cfg.loss.kl_clamp))
+        from score_lightning.optimizers import loss_alpha
+
+        return cls(float(cfg.evaluator.temperature), loss_alpha(cfg), float(cfg.loss.kl_coef), float(cfg.loss.kl_clamp))
 
 
 def rubric_batch(samples: Sequence[RubricSample], pad_id: int) -> TokenBatch:

@@ -1,6 +1,6 @@
 """What a SCORE step logs: this rank's raw numbers fed into :class:`StepScalars` for cross-rank pooling.
 
-Tags are the public TensorBoard names (README, "What TensorBoard shows"). Each call below is made
+Tags are the public TensorBoard names (docs/TENSORBOARD.md). Each call below is made
 on every rank in the same order (``StepScalars.compute`` is collective), so nothing here may
 depend on rank-local conditions.
 """

@@ -28,8 +28,12 @@ def global_values(ro: StepRollouts, r_eval: float | None, advantage: float | Non
         "solver/skipped_steps": float(module.faults.skipped_steps),
         "rollout/retrieval_errors": float(module.faults.retrieval_errors_total),
         "time/weight_sync_s": float(getattr(module, "last_weight_sync_s", 0.0)),
-        "solver/lr": float(schedulers[0].get_last_lr()[0]) if schedulers else float(module.cfg.optim.lr),
     }
+    index = getattr(module, "_optimizer_index", {})  # which optimiser (and scheduler) each phase steps
+    for phase in ("solver", "evaluator"):
+        i = index.get(phase)
+        if i is not None and i < len(schedulers):
+            m[f"{phase}/lr"] = float(schedulers[i].get_last_lr()[0])
     if torch.cuda.is_available():
         m["memory/peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
     m.update({f"dims/{name}_freq": float(f) for name, f in module.scheduler.frequencies().items()})

@@ -8,8 +8,10 @@ R_s(r) = a(r) * (1 + sum_j w_j s_j(r)), with two gates that make the harness con
   the evaluator skipped the required work, so none of its scores is trusted, and the solver's
   group advantages do not inherit a difference the solver did not cause.
 * **reward verifier** (Algorithm 1, line 23): a report whose evaluation searched fewer than
-  tau_s = max(``verifier.min_search_depth``, ``process_constraints.min_number_of_tool_call``)
-  times gets reward 0 (``verifier.zero=reward``, the default) or scores 0 (``verifier.zero=scores``).
+  tau_s = ``verifier.min_search_depth`` times gets reward 0 (``verifier.zero=reward``, the default)
+  or scores 0 (``verifier.zero=scores``). tau_s is fixed, as in the paper; the harness's
+  ``min_number_of_tool_call`` is a prompt rule. ``verifier.tau_from_harness=true`` couples them
+  (tau_s = the larger of the two), which can ratchet: see :func:`effective_tau`.
 
 Either scoring protocol (``evaluator.scoring``) arrives as one :class:`GroupEvaluation` per query
 (:mod:`~score_lightning.step.evaluations`): under ``joint`` the gate covers the query's one evaluation,
@@ -49,12 +51,14 @@ class RewardSettings:
     zero: str = "reward"
     citations: str = "any"  # reward.citations: any | retrieved (grounded validity)
     scoring: str = "joint"  # evaluator.scoring: joint | pointwise
+    tau_from_harness: bool = False  # verifier.tau_from_harness
 
     @classmethod
     def from_cfg(cls, cfg) -> "RewardSettings":
         return cls(bool(cfg.reward.require_citation), int(cfg.reward.min_answer_chars), bool(cfg.verifier.enabled),
                    int(cfg.verifier.min_search_depth), str(cfg.verifier.get("zero", "reward")),
-                   str(cfg.reward.get("citations", "any")), str(cfg.evaluator.get("scoring", "joint")))
+                   str(cfg.reward.get("citations", "any")), str(cfg.evaluator.get("scoring", "joint")),
+                   bool(cfg.verifier.get("tau_from_harness", False)))
 
 
 @dataclass
@@ -92,8 +96,16 @@ def rubric_part(scores: Tensor, rubric: Rubric) -> Tensor:
     return part.clamp(0.0, 1.0) if any(w < 0 for w in rubric.weights) else part
 
 
-def effective_tau(min_search_depth: int, state: HarnessState) -> int:
-    """tau_s: the verifier's own minimum or the harness's ``min_number_of_tool_call``, whichever is larger."""
+def effective_tau(min_search_depth: int, state: HarnessState, from_harness: bool = False) -> int:
+    """tau_s: ``verifier.min_search_depth``, fixed (the paper's verifier).
+
+    ``from_harness`` (``verifier.tau_from_harness``): the larger of that and the harness's
+    ``min_number_of_tool_call``. Off by default because it can ratchet: the rule harness raises its
+    minimum while ``verified_rate`` is low, a higher tau_s lowers ``verified_rate`` further, and
+    nothing trains the evaluator to search more (scoring tokens are never trained).
+    """
+    if not from_harness:
+        return int(min_search_depth)
     return max(int(min_search_depth), int(state.process_constraints.min_number_of_tool_call))
 
 
@@ -111,8 +123,8 @@ def assemble_rewards(
 ) -> StepRewards:
     """Parse each query's evaluation(s) under that query's rubric and combine validity, scores, gates and the verifier."""
     groups = group_evaluations(scoring, rubrics, num_reports, settings.scoring, state.process_constraints, tokenizer)
-    return rewards_from_evaluations(answers, groups, rubrics, num_reports, effective_tau(settings.min_search_depth, state),
-                                    settings)
+    tau = effective_tau(settings.min_search_depth, state, settings.tau_from_harness)
+    return rewards_from_evaluations(answers, groups, rubrics, num_reports, tau, settings)
 
 
 def rewards_from_evaluations(answers: Sequence[AnswerParse], groups: Sequence[GroupEvaluation],

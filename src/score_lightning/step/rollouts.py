@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from score_lightning import protocol as P
 from score_lightning.harness.state import HarnessState
 from score_lightning.retrieval.base import RetrievalError, Retriever
+from score_lightning.roles.evidence import EvidenceDoc, evidence_from_hits
 from score_lightning.roles.prompts import format_rubric, scoring_messages, solver_messages
 from score_lightning.roles.rubric import Rubric
 from score_lightning.rollout.agent import AgentConfig, run_agent
@@ -32,7 +33,7 @@ class RolloutSettings:
     """Budgets of the solver and scoring loops (``solver.*`` / ``evaluator.*`` in the config)."""
 
     num_rollouts: int  # K
-    max_prompt_tokens: int
+    max_prompt_tokens: int  # the solver's (and rubric's) prompt cap
     solver: AgentConfig
     scoring: AgentConfig
     max_report_tokens: int  # each report is cut to this many tokens inside the scoring prompt
@@ -43,6 +44,7 @@ class RolloutSettings:
     constrained_max_chars: dict | None = None  # evaluator.constrained_max_chars: caps of its free-text fields
     scoring_protocol: str = "joint"  # evaluator.scoring: joint (one evaluation of all K) | pointwise (one per report)
     show_retrieved: bool = False  # evaluator.show_retrieved: each report shown with the ids its searches returned
+    scoring_max_prompt_tokens: int | None = None  # evaluator.max_prompt_tokens (None: max_prompt_tokens)
 
     @classmethod
     def from_cfg(cls, cfg) -> "RolloutSettings":
@@ -54,14 +56,16 @@ class RolloutSettings:
         )
         scoring = AgentConfig(
             max_tool_calls=int(e.max_tool_calls), max_response_tokens=int(e.max_response_tokens),
-            max_observation_tokens=int(s.max_observation_tokens), topk=int(s.topk),
+            max_observation_tokens=int(e.get("max_observation_tokens", s.max_observation_tokens)), topk=int(s.topk),
             temperature=scoring_temperature(cfg), finish_tag=P.EVALS_CLOSE, allow_search=int(e.max_tool_calls) > 0,
+            observations_in_budget=False,  # evaluator.max_response_tokens counts what it writes (budgets.py)
         )
         agent = str(s.get("agent", "react"))
         return cls(int(s.num_rollouts), int(s.max_prompt_tokens), solver, scoring, int(e.max_report_tokens),
                    bool(s.get("conclusion_line", True)), agent, MamsConfig.from_cfg(cfg) if agent == "mams" else None,
                    bool(e.get("constrained_scoring", False)), constrained_max_chars(cfg),
-                   str(e.get("scoring", "joint")), bool(e.get("show_retrieved", False)))
+                   str(e.get("scoring", "joint")), bool(e.get("show_retrieved", False)),
+                   int(e.get("max_prompt_tokens", s.max_prompt_tokens)))
 
 
 def constrained_max_chars(cfg) -> dict[str, int] | None:
@@ -77,15 +81,14 @@ def scoring_temperature(cfg) -> float:
     return float(cfg.evaluator.temperature if t is None else t)
 
 
-def initial_evidence(retriever: Retriever, queries: Sequence[str], topk: int) -> tuple[list[list[str]], int]:
-    """D_q^0 = R(q): the top document ids per query, and 1 if the retrieval failed (else 0).
+def initial_evidence(retriever: Retriever, queries: Sequence[str], topk: int) -> tuple[list[list[EvidenceDoc]], int]:
+    """D_q^0 = R(q): the top documents per query (ids with titles), and 1 if the retrieval failed (else 0).
 
     It grounds the rubric prompt (E_q = Harness(q, D_q^0, S)) and doubles as a per-step retrieval
     health probe that does not depend on whether the policy chose to search.
     """
     try:
-        hits = retriever.search(list(queries), topk)
-        return [[h.id for h in row] for row in hits], 0
+        return evidence_from_hits(retriever.search(list(queries), topk)), 0
     except RetrievalError as exc:
         log.warning("initial retrieval failed: %s", exc)
         return [[] for _ in queries], 1
@@ -132,7 +135,8 @@ def scoring_rollouts(engine: RolloutEngine, tokenizer, retriever: Retriever, que
             else [(shown, ids)]
         for shown_reports, shown_ids in batches:
             msgs = scoring_messages(q, shown_reports, rubric, state, shown_ids, pointwise=pointwise)
-            prompts.append(encode_chat(tokenizer, msgs, settings.max_prompt_tokens))
+            prompts.append(encode_chat(tokenizer, msgs, settings.scoring_max_prompt_tokens or settings.max_prompt_tokens,
+                                       key="evaluator.max_prompt_tokens"))
             if settings.constrained_scoring:
                 constraints.append(ScoringConstraint(rubric.dims, len(shown_reports), pc.require_verification,
                                                      pc.require_gap_analysis, added, settings.constrained_max_chars))

@@ -14,8 +14,9 @@ from score_lightning import distributed as D
 from score_lightning import protocol as P
 from score_lightning.harness.scheduler import DimensionScheduler
 from score_lightning.harness.state import HarnessState
+from score_lightning.roles.evidence import EvidenceDoc
 from score_lightning.roles.prompts import rubric_messages
-from score_lightning.roles.rubric import fallback_rubric, parse_rubric, rubric_token_span
+from score_lightning.roles.rubric import WEIGHT_SUM_TOL, fallback_rubric, parse_rubric, rubric_token_span
 from score_lightning.rollout.agent import TagStops
 from score_lightning.rollout.chat import encode_chat
 from score_lightning.rollout.engine import RolloutEngine, SamplingParams, is_collective
@@ -31,6 +32,7 @@ class RubricSampling:
     max_prompt_tokens: int
     max_queries: int  # queries of the global batch shown in the rubric prompt
     static: bool = False  # never sample: always the harness fallback (plain GRPO baseline)
+    weight_sum_tol: float | None = WEIGHT_SUM_TOL  # evaluator.rubric_weight_sum_tol (None: normalise the weights)
 
 
 def train_mask(tokenizer, response_ids: Sequence[int]) -> list[int]:
@@ -43,9 +45,9 @@ def train_mask(tokenizer, response_ids: Sequence[int]) -> list[int]:
     return [1] * end + [0] * (len(response_ids) - end)
 
 
-def rubric_prompt(queries: Sequence[str], evidence: Sequence[Sequence[str]], state: HarnessState,
+def rubric_prompt(queries: Sequence[str], evidence: Sequence[Sequence[EvidenceDoc]], state: HarnessState,
                   scheduler: DimensionScheduler, settings: RubricSampling) -> list[dict]:
-    """The rubric prompt's messages: the first ``max_queries`` queries with their evidence ids."""
+    """The rubric prompt's messages: the first ``max_queries`` queries with their evidence (ids and titles)."""
     n = settings.max_queries
     return rubric_messages(list(queries)[:n], state, scheduler.required(), scheduler.avoided(), scheduler.explore(),
                            evidence=list(evidence)[:n])
@@ -62,7 +64,7 @@ def sample_rubric(engine: RolloutEngine, tokenizer, messages: list[dict], state:
                             stop_strings=stops.strings)
     gen = engine.generate([prompt], params)[0]
     ids = list(gen.token_ids)
-    parsed = parse_rubric(tokenizer.decode(ids), state)
+    parsed = parse_rubric(tokenizer.decode(ids), state, settings.weight_sum_tol)
     ok = parsed.valid and parsed.rubric is not None
     return RubricSample(
         rubric=parsed.rubric if ok else fallback_rubric(state),  # type: ignore[arg-type]
@@ -71,7 +73,8 @@ def sample_rubric(engine: RolloutEngine, tokenizer, messages: list[dict], state:
     )
 
 
-def sample_step_rubric(engine: RolloutEngine, tokenizer, queries: Sequence[str], evidence: Sequence[Sequence[str]],
+def sample_step_rubric(engine: RolloutEngine, tokenizer, queries: Sequence[str],
+                       evidence: Sequence[Sequence[EvidenceDoc]],
                        state: HarnessState, scheduler: DimensionScheduler, settings: RubricSampling) -> RubricSample:
     """One rubric for the whole global batch: rank 0 samples over every rank's queries, all receive it.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from score_lightning.roles.evidence import EvidenceDoc
 from score_lightning.roles.rubric import Rubric
 from score_lightning.rollout.trajectory import Trajectory
 
@@ -66,7 +67,7 @@ class StepRollouts:
 
     queries: list[str]
     rubrics: StepRubric
-    evidence: list[list[str]]  # D_q^0: top document ids per query
+    evidence: list[list[EvidenceDoc]]  # D_q^0: top documents per query (id and title)
     evidence_errors: int
     solver: list[Trajectory]  # query-major: query i's K rollouts at i*K .. i*K+K-1
     scoring: list[Trajectory] = field(default_factory=list)  # one per query

@@ -1,0 +1,119 @@
+"""Evaluator budgets that fit: the scoring prompt cap, measured with the configured tokenizer, and the
+evaluator's context (observations outside its generation budget) against vLLM's max_model_len.
+
+A scoring prompt that overflows raises in ``encode_chat`` mid-run; these checks refuse the config by
+name before any model loads instead, and the paper's recipes pass them with Qwen2.5's and Llama-3's
+real tokenizers and templates.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import ROOT, compose
+from score_lightning.budgets import check_budgets, longest_query, measure_scoring, widest_rubric, widest_state
+from score_lightning.config_validation import ConfigError, validate_config
+
+TINY = ["tiny_score", "rler_tiny", "given_tiny", "evorubric_tiny", "mams_tiny", "arco_tiny", "grpo_baseline"]
+
+
+@pytest.mark.parametrize("experiment,kind", [("qwen_score", "qwen"), ("qwen_score_1gpu", "qwen"),
+                                             ("llama_score", "llama")])
+def test_the_paper_recipes_fit_with_their_real_tokenizers(experiment, kind, qwen_ckpt, llama_ckpt):
+    from score_lightning.models import load_tokenizer
+
+    ckpt = qwen_ckpt if kind == "qwen" else llama_ckpt
+    cfg = compose([f"experiment={experiment}", f"model.name_or_path={ckpt}"])
+    validate_config(cfg)
+    b = check_budgets(cfg, load_tokenizer(ckpt))
+    assert b.reports == 8 and b.prompt_tokens <= cfg.evaluator.max_prompt_tokens == 8192
+    assert 300 < b.overhead_tokens < 1200  # query, widest rubric, every rule, notes, template: measured
+    assert b.context_tokens <= cfg.rollout.max_model_len
+
+
+@pytest.mark.parametrize("experiment", TINY)
+def test_the_tiny_experiments_fit(experiment, tiny_ckpt, tokenizer):
+    cfg = compose([f"experiment={experiment}"])
+    assert check_budgets(cfg, tokenizer).prompt_tokens <= cfg.evaluator.max_prompt_tokens
+
+
+def test_too_many_report_tokens_are_refused_by_the_cli_before_any_model_loads(tmp_path):
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "src/train.py", "experiment=qwen_score", "solver.num_rollouts=8",
+                           "evaluator.max_report_tokens=1200", f"paths.output_dir={tmp_path}"], cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and time.time() - t0 < 30, proc.stderr[-2000:]
+    assert "error:" in proc.stderr and "Traceback" not in proc.stderr
+    assert "evaluator.max_prompt_tokens=8192: 8 reports x evaluator.max_report_tokens=1200" in proc.stderr
+
+
+def test_a_prompt_that_fits_only_without_its_overhead_is_refused_by_measurement(qwen_ckpt, monkeypatch, tmp_path):
+    """8 x 1000 < 8192 passes the arithmetic; with ~680 tokens of query, rubric and template it does not fit.
+    ``run`` refuses it after loading the tokenizer and before loading any model."""
+    import score_lightning.models as models
+    from score_lightning.training import run
+
+    cfg = compose(["experiment=qwen_score", f"model.name_or_path={qwen_ckpt}", "evaluator.max_report_tokens=1000",
+                   "retriever=bm25", f"paths.output_dir={tmp_path}"])
+    validate_config(cfg)
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the budget check")
+
+    monkeypatch.setattr(models, "load_policy", no_model)
+    with pytest.raises(ConfigError) as exc:
+        run(cfg)
+    msg = str(exc.value)
+    assert "evaluator.max_prompt_tokens=8192: the scoring prompt needs up to" in msg
+    assert "8 reports x evaluator.max_report_tokens=1000" in msg and "lower evaluator.max_report_tokens" in msg
+
+
+def test_the_measured_bound_holds_for_real_scoring_prompts(qwen_tokenizer, llama_tokenizer, corpus_file):
+    """Prompts built by the step's own scoring_rollouts, over real corpus text cut to max_report_tokens,
+    never exceed what check_budgets measured."""
+    import json
+
+    from score_lightning.rollout.scripted import ScriptedEngine
+    from score_lightning.step.rollouts import RolloutSettings, scoring_rollouts
+
+    passages = [json.loads(line)["contents"] for line in open(corpus_file, encoding="utf-8")]
+    for tok in (qwen_tokenizer, llama_tokenizer):
+        for per_report in (64, 333, 896):
+            cfg = compose(["experiment=qwen_score", f"evaluator.max_report_tokens={per_report}"])
+            b = measure_scoring(cfg, tok)
+            state = widest_state(cfg)
+            reports = [["\n\n".join(passages[40 * k + i * 320: 40 * k + i * 320 + 40]) for k in range(8)]
+                       for i in range(3)]
+            trajs = scoring_rollouts(ScriptedEngine(tok, lambda req: "</report_evaluations>"), tok, None,
+                                     [longest_query(cfg, tok)] * 3, reports, [widest_rubric(cfg, state)] * 3, state,
+                                     RolloutSettings.from_cfg(cfg))
+            longest = max(len(t.prompt_ids) for t in trajs)
+            assert b.prompt_tokens - 8 * 8 <= longest <= b.prompt_tokens, (per_report, longest, b.prompt_tokens)
+
+
+def test_pointwise_scoring_sizes_the_prompt_for_one_report(qwen_tokenizer):
+    joint = compose(["experiment=qwen_score", "evaluator.max_report_tokens=2000"])
+    with pytest.raises(ConfigError, match="8 reports x evaluator.max_report_tokens=2000"):
+        validate_config(joint)
+    pointwise = compose(["experiment=qwen_score", "evaluator.max_report_tokens=2000", "evaluator.scoring=pointwise"])
+    validate_config(pointwise)
+    b = check_budgets(pointwise, qwen_tokenizer)
+    assert b.reports == 1 and 2000 < b.prompt_tokens < 2000 + 1200
+
+
+def test_vllm_context_must_hold_an_evaluation_with_its_observations(qwen_tokenizer):
+    # 8192 prompt + 2048 generated + 10 x 512 observations = 15360 > 12288 (the old recipe's max_model_len)
+    with pytest.raises(ConfigError, match="rollout.max_model_len=12288: shorter than an evaluation can grow"):
+        validate_config(compose(["experiment=qwen_score", "rollout.max_model_len=12288"]))
+    # the arithmetic passes at 15400, the measured wrappers and the budget notice do not
+    cfg = compose(["experiment=qwen_score", "rollout.max_model_len=15400"])
+    validate_config(cfg)
+    with pytest.raises(ConfigError, match="rollout.max_model_len=15400: an evaluation can reach 15512 tokens"):
+        check_budgets(cfg, qwen_tokenizer)
+    with pytest.raises(ConfigError, match="shorter than solver.max_prompt_tokens"):
+        validate_config(compose(["experiment=qwen_score", "solver.max_prompt_tokens=12289"]))
