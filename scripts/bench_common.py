@@ -52,6 +52,25 @@ def tiny_checkpoint() -> Path:
     return ensure_tiny_checkpoint(CACHE / "models", TinyModelSpec(), corpus, tokenizer_extra_texts())
 
 
+def checkpoint(model: str = "tiny") -> Path:
+    """``tiny``: the tests' checkpoint; a preset (``smollm2_135m``) or a directory: as ``training.resolve_model_arg``."""
+    if model == "tiny":
+        return tiny_checkpoint()
+    from score_lightning.training import resolve_model_arg
+
+    return Path(resolve_model_arg(model, CACHE))
+
+
+def set_malloc(cfg) -> str:
+    """The trainer's glibc mmap threshold (``trainer.malloc_mmap_threshold_mb``) in this process; what was set."""
+    from omegaconf import OmegaConf
+
+    from score_lightning.cpu_memory import set_malloc_mmap_threshold
+
+    mb = OmegaConf.select(cfg, "trainer.malloc_mmap_threshold_mb")
+    return f"mmap threshold {mb} MB" if set_malloc_mmap_threshold(mb) else "glibc default"
+
+
 def bench_queries(n: int) -> list[str]:
     from score_lightning.data.queries import load_queries
 

@@ -2,18 +2,21 @@
 
     HF_HUB_OFFLINE=1 python scripts/bench_step.py [--reps 5] [--k 4] [--prompts 4] [--max-completion 64]
                                                   [--scaling] [--logprobs fused|plain|legacy]
+                                                  [--model tiny|smollm2_135m|PATH] [--gradient-checkpointing]
 
-Both sides use the tests' tiny checkpoint and tokenizer in float32, ``--threads`` torch threads each,
+Both sides use the same checkpoint and tokenizer in float32 (``--model``: the tests' tiny checkpoint by
+default, a model preset such as ``smollm2_135m``, or a checkpoint directory), ``--threads`` torch threads each,
 the same ``--prompts`` embedded queries rendered through the solver chat template, ``K`` completions
 per prompt, ``max_completion`` new tokens, one optimiser step over the whole batch (no gradient
 accumulation, one PPO epoch, so neither side recomputes old log-probs), AdamW at the same lr with a
 constant schedule, clipping at 1.0, a frozen reference with KL coefficient ``--beta``, clip ε 0.2, a
 token-mean loss (TRL ``loss_type="dapo"``), sampling at temperature 1 with no top-k/top-p, stopping on
-EOS or ``</answer>``, single-turn with no tools, no gradient checkpointing, and the same fixed reward
+EOS or ``</answer>``, single-turn with no tools, gradient checkpointing off (``--gradient-checkpointing``:
+on for both, TRL's own default), and the same fixed reward
 of the completion ids (:func:`bench_common.reward_of_ids`). Workers: ``bench_step_workers.py``.
 
 **Equal work, checked rather than assumed.** Before the first step each worker reports its settings;
-the run stops unless both have gradient checkpointing off, the same two stop ids (TRL: its completion
+the run stops unless both have gradient checkpointing as asked, the same two stop ids (TRL: its completion
 mask's ``eos_token_ids`` and its ``generation_kwargs``), the same dtype and thread count and identical
 prompt ids. After every step both report their prompt and completion token counts and a digest of
 the completion ids; any difference is printed and the ratio is refused (``ratio_vs_trl=refused``).
@@ -38,24 +41,26 @@ import bench_common as bc  # noqa: E402
 import bench_step_workers as bw  # noqa: E402
 
 #: settings both workers report before the first step; all must agree
-SETTINGS = ("gradient_checkpointing", "stop_ids", "dtype", "threads", "prompt_digest")
+SETTINGS = ("gradient_checkpointing", "stop_ids", "dtype", "threads", "prompt_digest", "malloc")
 
 
 def _worker_argv(side: str, a, **over) -> list[str]:
     v = vars(a) | over
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker", side]
-    for key in ("reps", "warmup", "k", "prompts", "max_completion", "lr", "beta", "threads", "logprobs"):
+    for key in ("reps", "warmup", "k", "prompts", "max_completion", "lr", "beta", "threads", "logprobs", "model"):
         argv += [f"--{key.replace('_', '-')}", str(v[key])]
-    return argv
+    return argv + ["--gradient-checkpointing"] * bool(v["gradient_checkpointing"])
 
 
-def settings_problems(ready: dict[str, dict]) -> list[str]:
+def settings_problems(ready: dict[str, dict], gradient_checkpointing: bool = False) -> list[str]:
     """Differences in the equal-work settings the workers reported before their first step."""
     ours, trl = ready["ours"], ready["trl"]
     problems = [f"{key}: ours {ours[key]!r} vs TRL {trl[key]!r}" for key in SETTINGS if ours[key] != trl[key]]
     if trl["generation_stop_ids"] != trl["stop_ids"]:
         problems.append(f"TRL generates with stop ids {trl['generation_stop_ids']} but masks at {trl['stop_ids']}")
-    problems += [f"{n}: gradient checkpointing is on" for n, r in ready.items() if r["gradient_checkpointing"]]
+    want = "on" if gradient_checkpointing else "off"
+    problems += [f"{n}: gradient checkpointing is {'on' if r['gradient_checkpointing'] else 'off'}, asked {want}"
+                 for n, r in ready.items() if r["gradient_checkpointing"] != gradient_checkpointing]
     return problems
 
 
@@ -83,7 +88,7 @@ def run_pair(a, **over) -> dict:
     verbose = not a.scaling or over.get("verbose")
     try:
         ready = {name: w.expect("ready") for name, w in workers.items()}
-        problems = settings_problems(ready)
+        problems = settings_problems(ready, c.gradient_checkpointing)
         if problems:
             raise SystemExit("equal-work settings differ, nothing measured:\n  " + "\n  ".join(problems))
         steps = bc.alternate(workers, c.warmup + c.reps, c.warmup, _show if verbose else None)
@@ -100,9 +105,9 @@ def run_pair(a, **over) -> dict:
 
 
 def print_pair(a, res: dict) -> None:
-    print(f"\nGRPO step, tiny Qwen2 ({a.prompts} prompts x K={res['k']}, max {res['m']} new tokens, beta={a.beta}, "
+    print(f"\nGRPO step, {a.model_label} ({a.prompts} prompts x K={res['k']}, max {res['m']} new tokens, beta={a.beta}, "
           f"lr={a.lr}), {a.reps} alternating repetitions after {a.warmup} warm-up, torch threads={a.threads}, "
-          f"our log-probs: {a.logprobs}\n")
+          f"gradient checkpointing {'on' if a.gradient_checkpointing else 'off'}, our log-probs: {a.logprobs}\n")
     print("| side | median step (s) | min–max (s) | median rollout (s) | median update (s) | completion tokens/step "
           "| prompt tokens/step | RSS after load (MiB) | peak RSS (MiB) |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -164,12 +169,18 @@ def main(argv=None) -> None:
     p.add_argument("--logprobs", choices=("fused", "plain", "legacy"), default="fused",
                    help="our side's log-prob path: fused (default, chunked LM head), plain (materialised "
                         "logits) or legacy (the pre-2026-11-30 path), to measure each change in the same conditions")
+    p.add_argument("--model", default="tiny",
+                   help="tiny (the tests' checkpoint), a model preset (configs/model/NAME.yaml, e.g. smollm2_135m) "
+                        "or a checkpoint directory")
+    p.add_argument("--gradient-checkpointing", action="store_true",
+                   help="both sides recompute each layer in backward (TRL's GRPOConfig default; off by default here)")
     p.add_argument("--worker", choices=("ours", "trl"), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
         return (bw.worker_ours if a.worker == "ours" else bw.worker_trl)(a)
     print(bc.machine_line(), flush=True)
-    bc.tiny_checkpoint()  # build once here, not concurrently in two workers
+    a.model_label = "tiny Qwen2" if a.model == "tiny" else a.model
+    a.model = str(bc.checkpoint(a.model))  # build or convert once here, not concurrently in two workers
     scaling_ok = True
     if a.scaling:
         scaling_ok = run_scaling(a)

