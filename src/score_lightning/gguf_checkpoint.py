@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from score_lightning.sft.asset import file_sha256 as sha256_file  # one hashing helper for every manifest
+
 log = logging.getLogger(__name__)
 
 MANIFEST = "gguf_manifest.json"
@@ -55,14 +57,6 @@ def gguf_problems(gguf: Mapping[str, Any], key: str = "model.gguf") -> list[str]
 
 def _locate(package: str, file: str) -> Path:
     return Path(str(md.distribution(package).locate_file(file)))
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def ensure_gguf_checkpoint(cache_dir: str | Path, gguf: Mapping[str, Any]) -> Path:
