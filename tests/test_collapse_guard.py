@@ -251,3 +251,29 @@ def test_trainer_runs_to_max_steps_when_disabled(tmp_path):
     trainer = _fit(tmp_path, guard, max_steps=12)
     assert trainer.global_step == 12 and guard.stopped_reason is None
     assert not os.path.exists(os.path.join(str(tmp_path), "checkpoints", "best.ckpt"))
+
+
+def test_tiny_score_guard_does_not_stop_runs_that_only_see_noise():
+    """Grounded validity makes tiny_score's per-step reward small and noisy (8 trajectories, ~0.3 +- 0.25): its guard
+    must not stop a run whose reward has no trend. Rewards here are i.i.d. per step, as a frozen solver's are."""
+    import random
+
+    from helpers import compose
+
+    g = compose(["experiment=tiny_score"]).callbacks.collapse_guard
+
+    def false_stop_rate(window: int, reward_drop: float, runs: int = 600) -> float:
+        rng, stops = random.Random(0), 0
+        for _ in range(runs):
+            d = CollapseDetector(window=window, reward_drop=reward_drop, patience=int(g.patience),
+                                 min_steps=int(g.min_steps))
+            for step in range(40):
+                p = rng.uniform(0.0, 0.45)  # the share of valid reports varies with each step's queries and rubric
+                reward = sum((1 + rng.uniform(0.3, 0.8)) * (rng.random() < p) for _ in range(8)) / 8
+                if d.update(step, entropy=1.0, reward=reward):
+                    stops += 1
+                    break
+        return stops / runs
+
+    assert false_stop_rate(int(g.window), float(g.reward_drop)) < 0.02
+    assert false_stop_rate(10, float(g.reward_drop)) > 0.15  # the former 10-step window stopped healthy runs
