@@ -166,6 +166,25 @@ def _budgets_of(result: dict, out: Path, merged: list[str] | None) -> dict:
     return _run_budgets(str(_export_of(result, out, merged)))
 
 
+def load_results(dirs: list[Path]) -> list[dict]:
+    """Every cell's ``result.json`` below ``dirs``, each file once (``--out`` may also be a ``--merge`` dir).
+
+    Two different files for one condition and seed are refused: pooled twice, a cell would narrow every
+    interval (the table keys cells by condition and seed; the figure and the summary count rows).
+    """
+    files = sorted({p.resolve() for d in dirs for p in d.rglob("result.json")})
+    cells: dict[tuple[str, int], Path] = {}
+    results = []
+    for path in files:
+        r = json.loads(path.read_text())
+        key = (r["condition"], r["seed"])
+        if key in cells:
+            raise SystemExit(f"two results for {key[0]}:{key[1]}: {cells[key]} and {path}; merge one of them")
+        cells[key] = path
+        results.append(r)
+    return results
+
+
 def table(results: list[dict], baseline_card: dict, conditions: list[str]) -> str:
     by = {(r["condition"], r["seed"]): r for r in results}
     seeds = sorted({r["seed"] for r in results})
@@ -222,7 +241,7 @@ def main() -> int:
         print(json.dumps(run_cell(cond, int(seed), args.steps, out)))
         return 0
     if args.merge is not None:
-        results = [json.loads(p.read_text()) for d in [out, *map(Path, args.merge)] for p in d.rglob("result.json")]
+        results = load_results([out, *map(Path, args.merge)])
         results = [r for r in results if r["condition"] in conditions and r["seed"] in args.seeds + args.tuning_seeds]
     else:
         results = [run_cell(c, s, args.steps, out) for s in args.seeds + args.tuning_seeds for c in conditions]

@@ -13,6 +13,9 @@ from statistics import mean, stdev
 
 PANELS = (("solver/reward_mean", "training reward R_s"), ("solver/reward_score_part", "rubric-score part Σ w s"))
 CARD_METRICS = (("citation_precision", "citation precision"), ("coverage", "coverage"), ("validity", "validity"))
+# a line style per condition as well as a colour: two conditions can repeat each other exactly (no_verifier is
+# SCORE whenever the verifier never fires), and a solid line drawn under an identical one would vanish
+LINE_STYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)))
 
 
 def _band(series: list[list[float]], t975: dict[int, float]) -> tuple[list[float], list[float], list[float]]:
@@ -46,13 +49,14 @@ def draw(results: list[dict], baseline_card: dict, conditions: list[str], out: P
     conds = [c for c in conditions if any(r["condition"] == c for r in results)]
     seeds = sorted({r["seed"] for r in results})
     colors = {c: plt.get_cmap("tab10")(i) for i, c in enumerate(conds)}
+    styles = {c: LINE_STYLES[i % len(LINE_STYLES)] for i, c in enumerate(conds)}
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
     for ax, (tag, title) in zip(axes[:2], PANELS):
         for c in conds:
             series = [r["train"].get("curves", {}).get(tag, []) for r in results if r["condition"] == c]
             mid, lo, hi = _band(series, t975)
             x = list(range(len(mid)))
-            ax.plot(x, mid, color=colors[c], label=c, lw=1.6)
+            ax.plot(x, mid, color=colors[c], ls=styles[c], label=c, lw=1.6)
             ax.fill_between(x, lo, hi, color=colors[c], alpha=0.15, lw=0)
         ax.set_title(title)
         ax.set_xlabel("SCORE step")

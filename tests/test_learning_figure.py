@@ -33,3 +33,20 @@ def test_draw_writes_a_png(tmp_path):
     out = tmp_path / "fig" / "study.png"
     draw(results, card, ["score", "grpo_baseline"], out, T975)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+
+
+def test_merge_reads_each_cell_once_and_refuses_a_cell_found_twice(tmp_path):
+    import json
+
+    from bench_learning import load_results
+
+    cell = tmp_path / "study" / "score" / "seed21"
+    cell.mkdir(parents=True)
+    (cell / "result.json").write_text(json.dumps({"condition": "score", "seed": 21}))
+    # the same folder as --out and as --merge (and through a second path): one cell, not two
+    assert len(load_results([tmp_path / "study", tmp_path / "study", tmp_path / "study" / "score"])) == 1
+    copy = tmp_path / "other" / "score" / "seed21"
+    copy.mkdir(parents=True)
+    (copy / "result.json").write_text(json.dumps({"condition": "score", "seed": 21}))
+    with pytest.raises(SystemExit, match="two results for score:21"):
+        load_results([tmp_path / "study", tmp_path / "other"])
