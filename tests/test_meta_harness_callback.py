@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from types import SimpleNamespace
 from typing import Mapping
 
@@ -59,8 +60,10 @@ class TwoPhaseModule(L.LightningModule):
 
 def fit(callback: MetaHarnessCallback, **trainer_kw) -> tuple[L.Trainer, TwoPhaseModule]:
     module = TwoPhaseModule()
+    # with logger=False the callback's harness/state text falls back to default_root_dir (the cwd unless set)
     kw = dict(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
-              enable_progress_bar=False, enable_model_summary=False, callbacks=[callback])
+              enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
+              default_root_dir=tempfile.mkdtemp(prefix="meta_harness_test_"))
     kw.update(trainer_kw)
     trainer = L.Trainer(**kw)
     trainer.fit(module)
