@@ -3,6 +3,7 @@
     HF_HUB_OFFLINE=1 python scripts/bench_step.py [--reps 5] [--k 4] [--prompts 4] [--max-completion 64]
                                                   [--scaling] [--logprobs fused|plain|legacy]
                                                   [--model tiny|smollm2_135m|PATH] [--gradient-checkpointing]
+                                                  [--share-prompt]
 
 Both sides use the same checkpoint and tokenizer in float32 (``--model``: the tests' tiny checkpoint by
 default, a model preset such as ``smollm2_135m``, or a checkpoint directory), ``--threads`` torch threads each,
@@ -49,7 +50,8 @@ def _worker_argv(side: str, a, **over) -> list[str]:
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker", side]
     for key in ("reps", "warmup", "k", "prompts", "max_completion", "lr", "beta", "threads", "logprobs", "model"):
         argv += [f"--{key.replace('_', '-')}", str(v[key])]
-    return argv + ["--gradient-checkpointing"] * bool(v["gradient_checkpointing"])
+    return (argv + ["--gradient-checkpointing"] * bool(v["gradient_checkpointing"])
+            + ["--share-prompt"] * bool(v.get("share_prompt")))
 
 
 def settings_problems(ready: dict[str, dict], gradient_checkpointing: bool = False) -> list[str]:
@@ -107,7 +109,8 @@ def run_pair(a, **over) -> dict:
 def print_pair(a, res: dict) -> None:
     print(f"\nGRPO step, {a.model_label} ({a.prompts} prompts x K={res['k']}, max {res['m']} new tokens, beta={a.beta}, "
           f"lr={a.lr}), {a.reps} alternating repetitions after {a.warmup} warm-up, torch threads={a.threads}, "
-          f"gradient checkpointing {'on' if a.gradient_checkpointing else 'off'}, our log-probs: {a.logprobs}\n")
+          f"gradient checkpointing {'on' if a.gradient_checkpointing else 'off'}, our log-probs: {a.logprobs}"
+          f"{', one packed forward per prompt (ours)' if a.share_prompt else ''}\n")
     print("| side | median step (s) | min–max (s) | median rollout (s) | median update (s) | completion tokens/step "
           "| prompt tokens/step | RSS after load (MiB) | peak RSS (MiB) |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -174,6 +177,9 @@ def main(argv=None) -> None:
                         "or a checkpoint directory")
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="both sides recompute each layer in backward (TRL's GRPOConfig default; off by default here)")
+    p.add_argument("--share-prompt", action="store_true",
+                   help="our side runs each prompt's K rows as one packed row (optim.share_prompt_forward=true): "
+                        "the same log-probs and gradients, the prompt computed once")
     p.add_argument("--worker", choices=("ours", "trl"), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:

@@ -243,11 +243,15 @@ def _cfg(tmp_path: Path, corpus_file: Path, cache_dir: Path, **sft):
     return cfg
 
 
-def test_shared_prompt_loss_and_gradients_equal_separate_rows(demos, tiny_ckpt, tokenizer):
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_shared_prompt_loss_and_gradients_equal_separate_rows(demos, tiny_ckpt, tokenizer, checkpointing):
+    """Also under gradient checkpointing (every real model's setting), where HF drops a key/value cache
+    inside the checkpointed layers: the earlier shared path trained the responses without their prompt."""
     from score_lightning.models import load_policy
     from score_lightning.sft.module import SFTModule, group_demos
 
-    model = load_policy(tiny_ckpt)
+    model = load_policy(tiny_ckpt, gradient_checkpointing=checkpointing)
+    assert model.training == checkpointing or not checkpointing
     groups = [g for g in group_demos(demos) if len(g.responses) > 1]
     picked = [next(g for g in groups if g.kind == kind) for kind in (SOLVER, RUBRIC, SCORING)]
     results = []

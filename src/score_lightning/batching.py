@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from score_lightning.logprobs import fusable_head, fused_head_logprobs
 from score_lightning.losses import entropy_from_logits, token_logprobs
+from score_lightning.shared_prefix import mask_form, pack_group, prompt_groups
 
 
 @dataclass
@@ -23,6 +24,7 @@ class TokenBatch:
     attention_mask: Tensor  # [N, L]
     loss_mask: Tensor       # [N, L-1] float
     lengths: Tensor         # [N] real (unpadded) lengths
+    prompt_lens: Tensor | None = None  # [N] prompt tokens of each row (None: unknown, no prompt sharing); on the CPU
 
     def rows(self, index: Sequence[int] | Tensor) -> "TokenBatch":
         """A sub-batch, trimmed to its own longest row (no padding to the global maximum)."""
@@ -33,10 +35,12 @@ class TokenBatch:
             self.attention_mask[index, :width],
             self.loss_mask[index, : width - 1],
             self.lengths[index],
+            self.prompt_lens[index] if self.prompt_lens is not None else None,
         )
 
     def to(self, device) -> "TokenBatch":
-        return TokenBatch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.loss_mask, self.lengths)))
+        moved = (t.to(device) for t in (self.input_ids, self.attention_mask, self.loss_mask, self.lengths))
+        return TokenBatch(*moved, self.prompt_lens)
 
     @property
     def num_tokens(self) -> int:
@@ -61,7 +65,8 @@ def build_token_batch(
         if r:
             # target index j (token j+1) belongs to the response when j+1 >= len(p)
             loss_mask[i, len(p) - 1 : len(p) - 1 + len(r)] = torch.as_tensor(m, dtype=torch.float32)
-    return TokenBatch(ids, attn, loss_mask, torch.as_tensor(lengths, dtype=torch.long))
+    return TokenBatch(ids, attn, loss_mask, torch.as_tensor(lengths, dtype=torch.long),
+                      torch.as_tensor([len(p) for p in prompts], dtype=torch.long))
 
 
 #: float32 elements of ``[rows, T, V]`` logits processed at once by :func:`policy_logprobs`
@@ -80,7 +85,7 @@ def _accepts_logits_to_keep(model: nn.Module) -> bool:
 
 def policy_logprobs(
     model: nn.Module, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False,
-    entropy_grad: bool = False, *, fused: bool = True, chunk: int | None = None,
+    entropy_grad: bool = False, *, fused: bool = True, chunk: int | None = None, share_prompt: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log-probs of the targets (and entropy) under ``model``; [N, L-1] each.
 
@@ -95,7 +100,15 @@ def policy_logprobs(
     positions at a time, recomputed in backward (:mod:`score_lightning.logprobs`), so the
     ``[N, T, V]`` logits never exist at once; a head it cannot reproduce exactly (LoRA-wrapped,
     soft-capped) falls back to the plain path, which materialises them (``fused=False``).
+
+    ``share_prompt`` runs each group of rows with one prompt as one packed row
+    (:mod:`score_lightning.shared_prefix`) when the batch knows its prompt lengths, some rows share
+    a prompt and the attention implementation reads a custom mask; the values are the same.
     """
+    if share_prompt:
+        packed = _shared_prompt_logprobs(model, batch, temperature, with_entropy, entropy_grad, fused, chunk)
+        if packed is not None:
+            return packed
     n, width = batch.input_ids.shape
     if width < 2:
         z = batch.input_ids.new_zeros((n, max(width - 1, 1)), dtype=torch.float32)
@@ -118,6 +131,55 @@ def policy_logprobs(
                                     entropy_grad)
     logp = torch.nn.functional.pad(logp, (start, 0))
     ent = torch.nn.functional.pad(ent, (start, 0)) if ent is not None else None
+    return logp, ent
+
+
+def _shared_prompt_logprobs(model: nn.Module, batch: TokenBatch, temperature: float, with_entropy: bool,
+                            entropy_grad: bool, fused: bool, chunk: int | None) -> tuple[Tensor, Tensor | None] | None:
+    """:func:`policy_logprobs` with one packed forward per prompt group; ``None`` where it does not apply."""
+    form = mask_form(model)
+    if batch.prompt_lens is None or form is None or not _accepts_logits_to_keep(model):
+        return None
+    ids, lengths = batch.input_ids.cpu(), batch.lengths.cpu()
+    prompts = [ids[i, : int(p)].tolist() for i, p in enumerate(batch.prompt_lens)]
+    groups = prompt_groups(prompts)
+    if len(groups) == len(prompts):  # no prompt is shared: nothing to save
+        return None
+    device = batch.input_ids.device
+    n, cols = batch.loss_mask.shape
+    rows, cols_at, logps, ents = [], [], [], []
+    head = fusable_head(model) if fused else None
+    dtype = next(model.parameters()).dtype
+    for group in groups:
+        P = len(prompts[group[0]])
+        pack = pack_group(prompts[group[0]], [ids[i, P: int(lengths[i])].tolist() for i in group])
+        if pack.labels.numel() == 0:
+            continue
+        labels = pack.labels[None].to(device)
+        kwargs = dict(input_ids=pack.input_ids.to(device), position_ids=pack.position_ids.to(device),
+                      attention_mask=pack.attention_mask(form, dtype).to(device), use_cache=False,
+                      logits_to_keep=pack.keep.to(device))
+        if head is not None:
+            with fused_head_logprobs(head, labels, temperature, with_entropy, entropy_grad, chunk):
+                out = model(**kwargs).logits
+            lp, ent = out[0, :, 0], (out[0, :, 1] if with_entropy else None)
+            if ent is not None and not (entropy_grad and torch.is_grad_enabled()):
+                ent = ent.detach()
+        else:
+            lp, ent = _plain_logprobs(model(**kwargs).logits, labels, temperature, with_entropy, entropy_grad)
+            lp, ent = lp[0], (ent[0] if ent is not None else None)
+        for i, m in zip(group, pack.lengths):
+            rows.append(torch.full((m,), i, dtype=torch.long))
+            cols_at.append(torch.arange(P - 1, P - 1 + m))  # column t scores token t + 1
+        logps.append(lp)
+        ents.append(ent)
+    if not logps:
+        return None
+    where = (torch.cat(rows).to(device), torch.cat(cols_at).to(device))
+    logp = torch.zeros((n, cols), dtype=torch.float32, device=device).index_put(where, torch.cat(logps).float())
+    ent = None
+    if with_entropy:
+        ent = torch.zeros((n, cols), dtype=torch.float32, device=device).index_put(where, torch.cat(ents).float())
     return logp, ent
 
 

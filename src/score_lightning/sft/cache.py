@@ -96,6 +96,10 @@ def sft_key_inputs(cfg: DictConfig, model_path: str) -> dict[str, Any]:
         "budgets": asdict(DemoBudgets.from_cfg(cfg)),
         "dtype": str(cfg.model.dtype),
         **workflow_key_inputs(cfg),  # {} for the default cold start, so its key is unchanged
+        # results trained with gradient checkpointing before the packed shared prompt saw no prompt (HF dropped
+        # the prompt's key/value cache in checkpointed layers): a new key so those caches are not reused;
+        # without checkpointing (the tiny model) the key, and the packaged cold start, are unchanged
+        **({"prompt_context": "packed"} if cfg.model.get("gradient_checkpointing", False) else {}),
     }
 
 

@@ -5,7 +5,7 @@ padding are not. The loss is a token mean over the whole optimiser step.
 
 Demonstrations come in *groups* that share one prompt (several rubrics for one rubric prompt, K
 trajectories for one solver prompt, as RL samples them). With ``shared_prompt`` (the default) the
-prompt is encoded once per group and its key/value cache is repeated for the group's responses;
+prompt is encoded once per group, packed with the group's responses into one row;
 losses and gradients are exactly those of encoding every ``prompt + response`` separately (a test
 checks this), at a fraction of the cost, since prompts are most of every sequence. Logits are
 formed only at trained positions.
@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Sampler
 from score_lightning.batching import TokenBatch, build_token_batch
 from score_lightning.logprobs import fusable_head, head_cross_entropy
 from score_lightning.sft.demo_types import Demo
+from score_lightning.shared_prefix import mask_form, pack_group
 
 
 # ---------------------------------------------------------------------------- data
@@ -132,29 +133,23 @@ def _parts(model: nn.Module):
     return decoder, head
 
 
-def _new_cache(model: nn.Module):
-    from transformers import DynamicCache
-
-    try:
-        return DynamicCache(config=model.config)
-    except TypeError:  # older transformers
-        return DynamicCache()
-
-
 def group_token_losses(model: nn.Module, group: DemoGroup, pad_id: int, shared_prompt: bool = True,
                        with_prompt: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
     """Per-token cross-entropy and correctness for one group's trained tokens (+ prompt LM losses).
 
-    Shared path: encode ``prompt[:-1]`` once, repeat its KV cache R times, then run each response
-    (shifted: the last prompt token followed by the response minus its last token) at positions
-    ``P-1 ..``; the targets are the response tokens. Reference path: R separate padded rows.
+    Shared path: the prompt and all R responses as one packed row (:mod:`score_lightning.shared_prefix`:
+    each response sees the prompt and itself, at its own positions), one forward; a response token is
+    predicted at the prompt's last position or its predecessor's. Reference path: R separate padded rows.
+    (A repeated key/value cache of the prompt, the earlier shared path, is dropped by HF inside
+    gradient-checkpointed layers: the responses were then trained without their prompt.)
     With ``with_prompt`` the third value is the cross-entropy of predicting ``prompt[1:]`` (once per
     group), else ``None``.
     """
     device = next(model.parameters()).device
     decoder, head = _parts(model)
-    P, R = len(group.prompt_ids), len(group.responses)
-    if not shared_prompt or decoder is None or head is None or P < 2:
+    P = len(group.prompt_ids)
+    form = mask_form(model)
+    if not shared_prompt or decoder is None or head is None or P < 2 or form is None:
         demos = [Demo(group.kind, group.prompt_ids, r, m) for r, m in zip(group.responses, group.masks)]
         ce, ok = token_losses(model, collate_demos(demos, pad_id).to(device))
         prompt_ce = None
@@ -163,34 +158,20 @@ def group_token_losses(model: nn.Module, group: DemoGroup, pad_id: int, shared_p
             out = model(input_ids=ids, use_cache=False)
             prompt_ce = F.cross_entropy(out.logits[0, :-1].float(), ids[0, 1:], reduction="none")
         return ce, ok, prompt_ce
-    cache = _new_cache(model)
-    prompt_hidden = decoder(input_ids=torch.tensor([group.prompt_ids[:-1]], device=device), past_key_values=cache,
-                            use_cache=True).last_hidden_state
+    pack = pack_group(group.prompt_ids, group.responses)
+    hidden = decoder(input_ids=pack.input_ids.to(device), position_ids=pack.position_ids.to(device),
+                     attention_mask=pack.attention_mask(form, next(model.parameters()).dtype).to(device),
+                     use_cache=False).last_hidden_state[0]
     prompt_ce = None
     if with_prompt:
         targets = torch.tensor(group.prompt_ids[1:], device=device)
-        prompt_ce = _head_losses(model, head, prompt_hidden[0], targets)[0]
-    if R > 1:
-        cache.batch_repeat_interleave(R)
-    T = max(len(r) for r in group.responses)
-    inp = torch.full((R, T), pad_id, dtype=torch.long)
-    tgt = torch.full((R, T), pad_id, dtype=torch.long)
-    attn = torch.zeros((R, P - 1 + T), dtype=torch.long)
-    attn[:, : P - 1] = 1
-    sel = torch.zeros((R, T), dtype=torch.bool)
-    for i, (r, m) in enumerate(zip(group.responses, group.masks)):
+        prompt_ce = _head_losses(model, head, hidden[: P - 1], targets)[0]
+    for r, m in zip(group.responses, group.masks):
         if len(r) != len(m):
             raise ValueError(f"response has {len(r)} ids but mask has {len(m)}")
-        n = len(r)
-        inp[i, :n] = torch.as_tensor([group.prompt_ids[-1]] + list(r[:-1]), dtype=torch.long)
-        tgt[i, :n] = torch.as_tensor(r, dtype=torch.long)
-        attn[i, P - 1 : P - 1 + n] = 1
-        sel[i, :n] = torch.as_tensor(m, dtype=torch.bool)
-    pos = torch.arange(P - 1, P - 1 + T).unsqueeze(0).expand(R, -1)
-    inp, tgt, attn, sel, pos = (t.to(device) for t in (inp, tgt, attn, sel, pos))
-    hidden = decoder(input_ids=inp, attention_mask=attn, position_ids=pos, past_key_values=cache,
-                     use_cache=True).last_hidden_state
-    ce, correct = _head_losses(model, head, hidden[sel], tgt[sel])
+    sel = torch.as_tensor([bool(x) for m in group.masks for x in m], dtype=torch.bool)
+    keep = pack.keep[sel].to(device)
+    ce, correct = _head_losses(model, head, hidden[keep], pack.labels[sel].to(device))
     return ce, correct, prompt_ce
 
 

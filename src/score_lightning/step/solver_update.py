@@ -41,6 +41,7 @@ class GRPOSettings:
     entropy_coef: float
     norm_adv_by_std: bool
     adv_eps: float
+    share_prompt: bool = False  # one packed forward per prompt group (optim.share_prompt_forward)
 
     @classmethod
     def from_cfg(cls, cfg) -> "GRPOSettings":
@@ -48,7 +49,7 @@ class GRPOSettings:
         return cls(int(cfg.solver.num_rollouts), float(cfg.solver.temperature), int(o.mini_batch_size),
                    int(o.micro_batch_size), int(o.ppo_epochs), float(loss.clip_ratio_low), float(loss.clip_ratio_high),
                    float(loss.kl_coef), float(loss.kl_clamp), float(loss.entropy_coef), bool(loss.norm_adv_by_std),
-                   float(loss.adv_eps))
+                   float(loss.adv_eps), bool(o.get("share_prompt_forward", False)))
 
     def mini_batches(self, num_queries: int, world: int) -> list[list[int]]:
         """This rank's trajectory rows of each optimiser step.
@@ -88,12 +89,13 @@ class SolverUpdateResult:
     rows: list = field(default_factory=list)  # the trained rows (trajectories, or MaMs segments), as in trainer_logprobs
 
 
-def chunked_logprobs(model: nn.Module, batch: TokenBatch, temperature: float, micro: int, device) -> Tensor:
+def chunked_logprobs(model: nn.Module, batch: TokenBatch, temperature: float, micro: int, device,
+                     share_prompt: bool = False) -> Tensor:
     """Per-token log-probs of a whole batch, ``micro`` rows at a time, on the CPU."""
     out = torch.zeros_like(batch.loss_mask)
     for s in range(0, batch.input_ids.shape[0], micro):
         idx = list(range(s, min(s + micro, batch.input_ids.shape[0])))
-        lp, _ = policy_logprobs(model, batch.rows(idx).to(device), temperature)
+        lp, _ = policy_logprobs(model, batch.rows(idx).to(device), temperature, share_prompt=share_prompt)
         out[idx, : lp.shape[1]] = lp.float().cpu()
     return out
 
@@ -122,9 +124,9 @@ def solver_update(policy: nn.Module, ref: nn.Module | None, trajs: Sequence[Traj
     old_lp = ref_lp = None
     with torch.no_grad():
         if off_policy or need_trainer_logprobs:  # after the first optimiser step the policy has moved
-            old_lp = chunked_logprobs(policy, batch, s.temperature, s.micro_batch_size, hooks.device)
+            old_lp = chunked_logprobs(policy, batch, s.temperature, s.micro_batch_size, hooks.device, s.share_prompt)
         if s.kl_coef > 0 and ref is not None:
-            ref_lp = chunked_logprobs(ref, batch, s.temperature, s.micro_batch_size, hooks.device)
+            ref_lp = chunked_logprobs(ref, batch, s.temperature, s.micro_batch_size, hooks.device, s.share_prompt)
     result = SolverUpdateResult(adv, {k: 0.0 for k in ("pg", "kl", "clipfrac", "entropy", "tokens", "loss")},
                                 trainer_logprobs=old_lp, rows=tr.rows)
     world = D.world_size()
@@ -137,7 +139,8 @@ def solver_update(policy: nn.Module, ref: nn.Module | None, trajs: Sequence[Traj
                 idx = rows[ms:ms + s.micro_batch_size]
                 sub = batch.rows(idx).to(hooks.device)
                 width = sub.loss_mask.shape[1]
-                logp, ent = policy_logprobs(policy, sub, s.temperature, with_entropy=True, entropy_grad=s.entropy_coef > 0)
+                logp, ent = policy_logprobs(policy, sub, s.temperature, with_entropy=True, entropy_grad=s.entropy_coef > 0,
+                                            share_prompt=s.share_prompt)
                 old = old_lp[idx, :width].to(hooks.device) if (old_lp is not None and off_policy) else logp.detach()
                 ref_rows = ref_lp[idx, :width].to(hooks.device) if ref_lp is not None else None
                 a = tok_adv[idx, :width] if tok_adv is not None else row_adv[idx]  # [B, T] with step rewards, else [B]
