@@ -137,3 +137,24 @@ def test_solver_update_with_packed_prompts_makes_the_same_update():
         assert out[True][0][key] == pytest.approx(out[False][0][key], rel=1e-4, abs=1e-6), key
     assert out[True][0]["kl"] > 0
     torch.testing.assert_close(out[True][1], out[False][1], rtol=1e-4, atol=1e-6)
+
+
+def test_lora_policy_and_its_reference_view_pack_the_same():
+    """A LoRA policy and its parameter-less reference view (adapters off) take the packed path too."""
+    from score_lightning.lora import ReferenceModel, apply_lora
+
+    batch = _batch()
+    policy = apply_lora(_model("score_sdpa", True), {"enabled": True, "r": 4, "alpha": 8,
+                                                      "target_modules": "all-linear", "dropout": 0.0})
+    with torch.no_grad():
+        for n, p in policy.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.05)  # adapters that change the output, so the reference differs from the policy
+    ref = ReferenceModel(policy)
+    for model in (policy, ref):
+        with torch.no_grad():
+            padded, _ = policy_logprobs(model, batch, share_prompt=False)
+            packed, _ = policy_logprobs(model, batch, share_prompt=True)
+        torch.testing.assert_close(packed * batch.loss_mask, padded * batch.loss_mask, rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        assert not torch.allclose(policy_logprobs(policy, batch)[0], policy_logprobs(ref, batch)[0])

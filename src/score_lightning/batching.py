@@ -149,7 +149,7 @@ def _shared_prompt_logprobs(model: nn.Module, batch: TokenBatch, temperature: fl
     n, cols = batch.loss_mask.shape
     rows, cols_at, logps, ents = [], [], [], []
     head = fusable_head(model) if fused else None
-    dtype = next(model.parameters()).dtype
+    dtype = _compute_dtype(model)
     for group in groups:
         P = len(prompts[group[0]])
         pack = pack_group(prompts[group[0]], [ids[i, P: int(lengths[i])].tolist() for i in group])
@@ -181,6 +181,15 @@ def _shared_prompt_logprobs(model: nn.Module, batch: TokenBatch, temperature: fl
     if with_entropy:
         ent = torch.zeros((n, cols), dtype=torch.float32, device=device).index_put(where, torch.cat(ents).float())
     return logp, ent
+
+
+def _compute_dtype(model: nn.Module) -> torch.dtype:
+    """The model's parameter dtype; a LoRA policy's reference view owns none and reads its policy's."""
+    for m in (model, getattr(model, "policy", None)):
+        p = next(m.parameters(), None) if m is not None else None
+        if p is not None:
+            return p.dtype
+    return torch.float32
 
 
 def _forward(model: nn.Module, batch: TokenBatch, start: int, cols: int) -> Tensor:
