@@ -9,6 +9,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 
 from score_lightning.errors import ConfigError  # noqa: E402  (re-exported: callers import it from here)
+from score_lightning.top_layers import check_trainable_layers
 
 
 def _get(cfg: DictConfig, key: str) -> Any:
@@ -198,6 +199,7 @@ def validate_config(cfg: DictConfig) -> None:
     _check_sft(cfg, e)
     _check_rubric_files(cfg, e)
     _check_lora(cfg, e)
+    check_trainable_layers(cfg, e)
     _check_solver_workflow(cfg, e)
     if e:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(e))

@@ -311,11 +311,12 @@ def _generation_eos_ids(path) -> list[int]:
 
 
 def load_policy(path: str | os.PathLike, dtype: str = "float32", gradient_checkpointing: bool = False,
-                attn_implementation: str | None = None, lora=None):
+                attn_implementation: str | None = None, lora=None, trainable_layers: int | None = None):
     """Load a causal LM from a local directory or hub id (hub ids need network; CPU defaults never do).
 
     ``lora`` is the ``model.lora`` block: when enabled, LoRA layers are injected and only they train
-    (see :mod:`score_lightning.lora`).
+    (see :mod:`score_lightning.lora`). ``trainable_layers``: only the top N decoder layers and the final
+    norm train (:mod:`score_lightning.top_layers`).
     """
     kwargs = {"dtype": resolve_dtype(dtype)}
     if attn_implementation:
@@ -335,14 +336,23 @@ def load_policy(path: str | os.PathLike, dtype: str = "float32", gradient_checkp
 
     if lora_enabled(lora):
         apply_lora(model, lora, str(path))
+    if trainable_layers is not None:
+        from score_lightning.top_layers import train_top_layers
+
+        train_top_layers(model, int(trainable_layers))
     return model
 
 
-def load_reference(path: str | os.PathLike, dtype: str, policy):
+def load_reference(path: str | os.PathLike, dtype: str, policy, trainable_layers: int | None = None):
     """The frozen KL reference: for a LoRA policy a view of its base (adapters off, no second copy
-    in memory); otherwise a second, frozen copy of the starting weights."""
+    in memory); for a top-layers policy its forward with the top layers' starting weights; otherwise
+    a second, frozen copy of the starting weights."""
     from score_lightning.lora import ReferenceModel, is_lora
 
     if is_lora(policy):
         return ReferenceModel(policy)
+    if trainable_layers is not None:
+        from score_lightning.top_layers import TopLayersReference
+
+        return TopLayersReference(policy)
     return load_policy(path, dtype).eval().requires_grad_(False)

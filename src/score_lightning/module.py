@@ -119,9 +119,11 @@ class ScoreModule(LightningModule):
         from score_lightning.models import load_policy, load_reference
 
         m = self.cfg.model  # with model.lora the policy trains adapters only; its reference is a view of the base
-        self.policy = load_policy(self.model_path, m.dtype, m.gradient_checkpointing, lora=m.get("lora"))
+        top = m.get("trainable_layers")  # or only the top N layers (top_layers.py)
+        self.policy = load_policy(self.model_path, m.dtype, m.gradient_checkpointing, lora=m.get("lora"),
+                                  trainable_layers=top)
         if float(self.cfg.loss.kl_coef) > 0:
-            self.ref = load_reference(self.model_path, m.dtype, self.policy)
+            self.ref = load_reference(self.model_path, m.dtype, self.policy, trainable_layers=top)
         if not self.cfg.actor.shared:
             self.evaluator_policy = load_policy(self.model_path, m.dtype, m.gradient_checkpointing)
         if bool(self.cfg.solver.freeze):

@@ -1,0 +1,100 @@
+"""Training only the top decoder layers (``model.trainable_layers: N``), the third way to train a real model.
+
+Why: with LoRA every backward still runs through all L layers (the adapters sit in each of them), so
+a step pays the forward, its recomputation under checkpointing and a full backward. With the bottom
+``L - N`` layers, the embeddings and a head tied to them frozen, autograd builds no graph below layer
+``L - N``: the bottom of the forward costs what inference costs, nothing there is recomputed, and the
+backward runs through N layers. The final norm trains with the top layers; an untied LM head stays
+frozen too, so what trains is exactly N layers and the norm.
+
+The KL reference is the policy's own forward with the top layers' *starting* weights, swapped in by
+``torch.func.functional_call``: a copy of N / L of the weights, not a second model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The model's stack of decoder layers (HF ``model.model.layers`` for Llama, Qwen2, Mistral ...)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ValueError(f"model.trainable_layers: {type(model).__name__} has no decoder layer stack "
+                         "(get_decoder().layers) to train the top of")
+    return layers
+
+
+def train_top_layers(model: nn.Module, n: int) -> list[str]:
+    """Freeze everything except the top ``n`` decoder layers and the final norm; the trainable names."""
+    layers = decoder_layers(model)
+    if not 1 <= n <= len(layers):
+        raise ValueError(f"model.trainable_layers={n}: the model has {len(layers)} decoder layers")
+    model.requires_grad_(False)
+    if hasattr(model, "disable_input_require_grads"):
+        # HF's gradient_checkpointing_enable makes the embeddings' output require grad (for adapters under
+        # reentrant checkpointing); here that would build, recompute and backpropagate the frozen layers
+        model.disable_input_require_grads()
+    for layer in layers[len(layers) - n:]:
+        layer.requires_grad_(True)
+    norm = getattr(model.get_decoder(), "norm", None)
+    if isinstance(norm, nn.Module):
+        norm.requires_grad_(True)
+    return [name for name, p in model.named_parameters() if p.requires_grad]
+
+
+class TopLayersReference(nn.Module):
+    """The frozen KL reference of a top-layers policy: its forward with the trained weights at their start.
+
+    Like LoRA's reference view it owns no parameters (the policy is held outside the registry); it
+    keeps float copies of the trainable tensors only and offers what ``policy_logprobs`` uses.
+    """
+
+    def __init__(self, policy: nn.Module):
+        super().__init__()
+        object.__setattr__(self, "policy", policy)
+        object.__setattr__(self, "start", {n: p.detach().clone() for n, p in policy.named_parameters()
+                                           if p.requires_grad})
+        if not self.start:
+            raise ValueError("TopLayersReference: the policy has no trainable parameters to keep the start of")
+
+    @property
+    def config(self):
+        return self.policy.config
+
+    def get_output_embeddings(self) -> nn.Module | None:
+        return self.policy.get_output_embeddings()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                logits_to_keep: int | torch.Tensor | None = None, **kwargs: Any):
+        if logits_to_keep is not None:
+            kwargs["logits_to_keep"] = logits_to_keep
+        kwargs.update(input_ids=input_ids, attention_mask=attention_mask)
+        with torch.no_grad():
+            return torch.func.functional_call(self.policy, self.start, args=(), kwargs=kwargs, strict=False)
+
+
+def is_top_layers(model_cfg: Any) -> bool:
+    return model_cfg is not None and model_cfg.get("trainable_layers") is not None
+
+
+def check_trainable_layers(cfg, errors: list[str]) -> None:
+    """``model.trainable_layers``: null or an integer >= 1, and not together with LoRA (config validation)."""
+    from omegaconf import OmegaConf
+
+    n = OmegaConf.select(cfg, "model.trainable_layers", default=None)
+    if n is None:
+        return
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        errors.append(f"model.trainable_layers={n!r}: must be null (all weights train) or an integer >= 1 "
+                      "(the top N decoder layers and the final norm train)")
+    if OmegaConf.select(cfg, "model.lora.enabled", default=False) is True:
+        errors.append("model.trainable_layers with model.lora.enabled=true: choose one way to train a part of the "
+                      "model (adapters in every layer, or the top N layers)")
+    if OmegaConf.select(cfg, "strategy.name", default=None) == "fsdp":
+        errors.append("model.trainable_layers with strategy=fsdp: FSDP2 shards frozen and trainable weights alike and "
+                      "its reference would need the top layers' start sharded too; use strategy=ddp or single")
