@@ -51,6 +51,8 @@ CONDITIONS: dict[str, list[str]] = {
     "evorubric": ["experiment=evorubric_tiny"],
     "mams": ["experiment=mams_tiny"],
     "arco": ["experiment=arco_tiny"],
+    # a real pretrained model (SmolLM2-135M-Instruct) with its own cold start: its own table, never pooled
+    "smol_score": ["experiment=smol_score"],
 }
 DEFAULT = "score,grpo_baseline,no_harness,no_verifier,frozen_solver"
 TRAIN_TAGS = ("solver/reward_mean", "solver/reward_validity_part", "solver/reward_score_part")

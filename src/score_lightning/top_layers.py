@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from score_lightning.lora import ReferenceModel
+
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The model's stack of decoder layers (HF ``model.model.layers`` for Llama, Qwen2, Mistral ...)."""
@@ -47,27 +49,19 @@ def train_top_layers(model: nn.Module, n: int) -> list[str]:
     return [name for name, p in model.named_parameters() if p.requires_grad]
 
 
-class TopLayersReference(nn.Module):
+class TopLayersReference(ReferenceModel):
     """The frozen KL reference of a top-layers policy: its forward with the trained weights at their start.
 
-    Like LoRA's reference view it owns no parameters (the policy is held outside the registry); it
-    keeps float copies of the trainable tensors only and offers what ``policy_logprobs`` uses.
+    Like LoRA's reference view (whose ``config`` and head it shares) it owns no parameters; it keeps
+    copies of the trainable tensors only.
     """
 
     def __init__(self, policy: nn.Module):
-        super().__init__()
-        object.__setattr__(self, "policy", policy)
+        super().__init__(policy)
         object.__setattr__(self, "start", {n: p.detach().clone() for n, p in policy.named_parameters()
                                            if p.requires_grad})
         if not self.start:
             raise ValueError("TopLayersReference: the policy has no trainable parameters to keep the start of")
-
-    @property
-    def config(self):
-        return self.policy.config
-
-    def get_output_embeddings(self) -> nn.Module | None:
-        return self.policy.get_output_embeddings()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 logits_to_keep: int | torch.Tensor | None = None, **kwargs: Any):
