@@ -139,8 +139,12 @@ def main() -> int:
           f"show_retrieved {settings.show_retrieved}")
     for protocol in (args.scoring or str(cfg.evaluator.scoring)).split(","):
         proto = replace(settings, scoring_protocol=protocol)
-        scoring = [t for b in blocks for t in scoring_rollouts(engine, tok, retriever, group_queries[b], reports[b],
-                                                               rubrics[b], state, proto, sources[b])]
+        # a group is one scoring row jointly and K pointwise: as many groups per generate call as rows fit
+        rows = K if protocol == "pointwise" else 1
+        step = max(1, engine.max_batch_size // rows)
+        scoring = [t for s in range(0, args.groups, step)
+                   for t in scoring_rollouts(engine, tok, retriever, group_queries[s:s + step], reports[s:s + step],
+                                             rubrics[s:s + step], state, proto, sources[s:s + step])]
         evals = group_evaluations(scoring, rubrics, K, protocol, state.process_constraints, tok)
         _report(protocol, evals, rubrics, answers, trajs, K, np.random.default_rng(args.seed))
     return 0
