@@ -43,7 +43,7 @@ def ours_overrides(a) -> list[str]:
         "optim.grad_clip=1.0",
         f"loss.kl_coef={a.beta}",
         "loss.entropy_coef=0.0",
-        f"optim.share_prompt_forward={str(bool(getattr(a, 'share_prompt', False))).lower()}",
+        f"optim.share_prompt_forward={str(bool(a.share_prompt)).lower()}",
         f"model.name_or_path={a.model}",           # the checkpoint both sides load (bench_step.py --model)
         f"model.gradient_checkpointing={str(bool(a.gradient_checkpointing)).lower()}",
         f"solver.max_response_tokens={a.max_completion}",

@@ -251,7 +251,8 @@ def test_shared_prompt_loss_and_gradients_equal_separate_rows(demos, tiny_ckpt, 
     from score_lightning.sft.module import SFTModule, group_demos
 
     model = load_policy(tiny_ckpt, gradient_checkpointing=checkpointing)
-    assert model.training == checkpointing or not checkpointing
+    if checkpointing:  # HF recomputes layers only in training mode
+        assert model.training
     groups = [g for g in group_demos(demos) if len(g.responses) > 1]
     picked = [next(g for g in groups if g.kind == kind) for kind in (SOLVER, RUBRIC, SCORING)]
     results = []

@@ -72,10 +72,6 @@ class TopLayersReference(ReferenceModel):
             return torch.func.functional_call(self.policy, self.start, args=(), kwargs=kwargs, strict=False)
 
 
-def is_top_layers(model_cfg: Any) -> bool:
-    return model_cfg is not None and model_cfg.get("trainable_layers") is not None
-
-
 def check_trainable_layers(cfg, errors: list[str]) -> None:
     """``model.trainable_layers``: null or an integer >= 1, and not together with LoRA (config validation)."""
     from omegaconf import OmegaConf

@@ -158,6 +158,9 @@ def group_token_losses(model: nn.Module, group: DemoGroup, pad_id: int, shared_p
             out = model(input_ids=ids, use_cache=False)
             prompt_ce = F.cross_entropy(out.logits[0, :-1].float(), ids[0, 1:], reduction="none")
         return ce, ok, prompt_ce
+    for r, m in zip(group.responses, group.masks):
+        if len(r) != len(m):
+            raise ValueError(f"response has {len(r)} ids but mask has {len(m)}")
     pack = pack_group(group.prompt_ids, group.responses)
     hidden = decoder(input_ids=pack.input_ids.to(device), position_ids=pack.position_ids.to(device),
                      attention_mask=pack.attention_mask(form, next(model.parameters()).dtype).to(device),
@@ -166,9 +169,6 @@ def group_token_losses(model: nn.Module, group: DemoGroup, pad_id: int, shared_p
     if with_prompt:
         targets = torch.tensor(group.prompt_ids[1:], device=device)
         prompt_ce = _head_losses(model, head, hidden[: P - 1], targets)[0]
-    for r, m in zip(group.responses, group.masks):
-        if len(r) != len(m):
-            raise ValueError(f"response has {len(r)} ids but mask has {len(m)}")
     sel = torch.as_tensor([bool(x) for m in group.masks for x in m], dtype=torch.bool)
     keep = pack.keep[sel].to(device)
     ce, correct = _head_losses(model, head, hidden[keep], pack.labels[sel].to(device))
