@@ -150,7 +150,9 @@ class ScoreModule(LightningModule):
 
             sharded = self.cfg.strategy.name == "fsdp" and self.trainer.world_size > 1  # forwards are collective
             args = (tok.pad_token_id, tok.eos_token_id, tok, int(self.cfg.rollout.max_batch_size), sharded)
-            self.engine, self.evaluator_engine = HFEngine(lambda: self.policy, *args), HFEngine(lambda: self.eval_model, *args)
+            ff = bool(self.cfg.rollout.get("grammar_fast_forward", True))
+            self.engine = HFEngine(lambda: self.policy, *args, fast_forward=ff)
+            self.evaluator_engine = HFEngine(lambda: self.eval_model, *args, fast_forward=ff)
         elif kind == "scripted":
             from hydra.utils import instantiate
 

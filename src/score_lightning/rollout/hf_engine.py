@@ -39,7 +39,7 @@ class HFEngine:
     """
 
     def __init__(self, model_getter: Callable[[], nn.Module], pad_token_id: int, eos_token_id: int | Sequence[int],
-                 tokenizer=None, max_batch_size: int = 64, collective: bool = False):
+                 tokenizer=None, max_batch_size: int = 64, collective: bool = False, fast_forward: bool = True):
         from score_lightning.models import end_of_turn_ids
 
         self._model_getter = model_getter
@@ -58,6 +58,9 @@ class HFEngine:
         #: the last calls' KV caches: a multi-turn row's next turn runs only its new tokens (rollout/kv_cache.py).
         #: Off for a collective (sharded) module: every rank must make the same forwards, whatever it has stored
         self.prefix_store = PrefixStore(0 if collective else 2 * max_batch_size)
+        #: constrained calls feed the grammar's forced tokens in one forward (rollout/fast_forward.py); not for a
+        #: collective module, whose ranks must make the same forwards
+        self.fast_forward = fast_forward and not collective
 
     def release_cache(self) -> None:
         """Drop the stored KV caches (the trainer calls this before its update, when no rollout follows)."""
@@ -127,6 +130,8 @@ class HFEngine:
                 raise ValueError("HFEngine needs the tokenizer to stop on strings (multi-token tags)")
             kwargs.update(stopping_criteria=StoppingCriteriaList(
                 [_StopStrings(self.tokenizer.decode, params.stop_strings, width)]))
+        if self.fast_forward and width >= 2 and any(g is not None for g in params.grammars):
+            return self._decode_constrained(model, input_ids, attention, params, eos)
         was_training = model.training
         model.eval()
         # the KV cache is written in place, and a prompt shared by several rows (the K rollouts of a query) runs once
@@ -156,6 +161,35 @@ class HFEngine:
             n = first_stop(row, decode, eos, params.stop_strings)
             ids = row if n is None else row[:n]
             gens.append(Generation(ids, lp[i, :len(ids)].tolist() if lp is not None else None,
+                                   "length" if n is None else "stop"))
+        return gens
+
+
+    def _decode_constrained(self, model: nn.Module, input_ids: torch.Tensor, attention: torch.Tensor,
+                            params: SamplingParams, eos: list[int]) -> list[Generation]:
+        """A constrained call by :func:`~score_lightning.rollout.fast_forward.grammar_decode` (forced runs in one
+        forward); the same prefill, prefix store and turn cut as ``generate``."""
+        from score_lightning.rollout.fast_forward import grammar_decode
+
+        width = input_ids.shape[1]
+        was_training = model.training
+        model.eval()
+        cache = GrowingCache(width + params.max_new_tokens)
+        self.prefix_store.check_weights(model)
+        try:
+            prefill(model, input_ids, attention, cache, self.prefix_store)
+            out = grammar_decode(model, input_ids, attention, cache, params.grammars, self.tokenizer,
+                                 max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
+                                 stop_ids=eos, stop_strings=params.stop_strings, eos_ids=self.eos_token_ids,
+                                 pad_id=self.pad_token_id, want_logprobs=params.logprobs)
+        finally:
+            model.train(was_training)
+        self.prefix_store.add(cache, out.cache_tokens, out.cache_mask)
+        gens = []
+        for i, row in enumerate(out.tokens):
+            n = first_stop(row, self.tokenizer.decode, eos, params.stop_strings)
+            ids = row if n is None else row[:n]
+            gens.append(Generation(ids, out.logprobs[i][:len(ids)] if out.logprobs is not None else None,
                                    "length" if n is None else "stop"))
         return gens
 
