@@ -10,7 +10,9 @@ project's ``solver_update`` (reference pass, forward, backward, one optimiser st
 ``optim.share_prompt_forward``) is timed ``--reps`` times after one warm-up. Modes: ``full`` (a second
 frozen model for the KL reference), ``lora`` (``model.lora`` as the experiment sets it, enabled; the reference is the
 base with adapters off) and ``topN`` (``model.trainable_layers=N``; the reference swaps in the top
-layers' start). Printed: a Markdown table and a ``key=value`` line. Equal work is asserted: the same
+layers' start). Learning per update: before the first update and after each, the advantage-weighted mean
+response log-prob of the rows (``_objective``); ``--lrs`` runs every mode at each rate, since the modes'
+best rates differ. Printed: a Markdown table and a ``key=value`` line. Equal work is asserted: the same
 row digest and token count in every mode.
 """
 
@@ -49,6 +51,7 @@ def worker(a) -> None:
     from score_lightning.paths import corpus_path
     from score_lightning.rollout.chat import encode_chat
     from score_lightning.rollout.trajectory import Trajectory
+    from score_lightning.losses import group_advantages
     from score_lightning.step.solver_update import GRPOSettings, OptimizerHooks, solver_update
 
     bc.set_threads(a.threads)
@@ -80,19 +83,41 @@ def worker(a) -> None:
     settings = GRPOSettings.from_cfg(cfg)
     settings = type(settings)(**{**settings.__dict__, "mini_batch_queries": a.prompts})
     hooks = OptimizerHooks(lambda loss: loss.backward(), step, torch.device("cpu"))
+    batch = build_token_batch([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
+                              [t.response_mask for t in trajs], tok.pad_token_id)
+    advantages = group_advantages(rewards, K)
+    objective = [_objective(policy, batch, advantages, settings)]
     times = []
     for rep in range(a.reps + 1):
         t0 = time.perf_counter()
         solver_update(policy, ref, trajs, rewards, settings, tok.pad_token_id, hooks)
         if rep:
             times.append(time.perf_counter() - t0)
-    batch = build_token_batch([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
-                              [t.response_mask for t in trajs], tok.pad_token_id)
+        objective.append(_objective(policy, batch, advantages, settings))  # outside the timed update
     print(json.dumps({"mode": a.mode, "times": times, "peak_rss_mb": bc.peak_rss_mb(),
                       "trainable": sum(p.numel() for p in params), "digest": bc.ids_digest(batch.input_ids.tolist()),
                       "prompt_tokens": sum(len(t.prompt_ids) for t in trajs),
                       "response_tokens": sum(len(t.response_ids) for t in trajs),
-                      "share_prompt": settings.share_prompt}))
+                      "share_prompt": settings.share_prompt, "lr": float(cfg.optim.lr),
+                      "gain": [j - objective[0] for j in objective[1:]]}))
+
+
+def _objective(policy, batch, advantages, settings) -> float:
+    """How far the update moved the policy towards its advantages on these rows: the advantage-weighted mean of
+    each row's mean response log-prob, sum_i A_i * mean_t log pi(y_it) / N (no grad; it rises as the GRPO
+    objective is climbed). Its gain per update, at the same rate, is what the modes learn from one batch."""
+    import torch
+
+    from score_lightning.batching import policy_logprobs
+
+    was_training = policy.training
+    policy.eval()
+    with torch.no_grad():
+        logp, _ = policy_logprobs(policy, batch, settings.temperature, share_prompt=settings.share_prompt)
+    policy.train(was_training)
+    mask = batch.loss_mask.float()
+    per_row = (logp * mask).sum(1) / mask.sum(1).clamp(min=1)
+    return float((advantages * per_row).mean())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -104,6 +129,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompts", type=int, default=2)
     p.add_argument("--response-tokens", type=int, default=200)
     p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--lrs", default="", help="comma-separated learning rates, every mode at each (default: the "
+                                             "experiment's optim.lr)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--mode", help=argparse.SUPPRESS)
     p.add_argument("--model-path", help=argparse.SUPPRESS)
@@ -115,28 +142,40 @@ def main(argv: list[str] | None = None) -> None:
     path = str(bc.checkpoint(a.model))
     modes = [x for x in a.modes.split(",") if x] + [f"top{int(n)}" for n in a.top.split(",") if n]
     res = []
+    lrs = [f"optim.lr={float(x)}" for x in a.lrs.split(",") if x] or [None]
     for mode in modes:
-        argv = [sys.executable, __file__, "--mode", mode, "--model-path", path, "--experiment", a.experiment,
-                "--prompts", str(a.prompts), "--response-tokens", str(a.response_tokens), "--reps", str(a.reps),
-                "--threads", str(a.threads), *a.overrides]
-        out = subprocess.run(argv, capture_output=True, text=True, env=bc.bench_env())
-        if out.returncode:
-            sys.exit(f"{mode} failed:\n{out.stderr[-3000:]}")
-        res.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        print(f"  {mode}: {res[-1]['times']} s, peak {res[-1]['peak_rss_mb']:.0f} MiB", flush=True)
+        for lr in lrs:
+            argv = [sys.executable, __file__, "--mode", mode, "--model-path", path, "--experiment", a.experiment,
+                    "--prompts", str(a.prompts), "--response-tokens", str(a.response_tokens), "--reps", str(a.reps),
+                    "--threads", str(a.threads), *a.overrides, *([lr] if lr else [])]
+            out = subprocess.run(argv, capture_output=True, text=True, env=bc.bench_env())
+            if out.returncode:
+                sys.exit(f"{mode} {lr or ''} failed:\n{out.stderr[-3000:]}")
+            res.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(f"  {mode} lr {res[-1]['lr']:g}: {res[-1]['times']} s, peak {res[-1]['peak_rss_mb']:.0f} MiB, "
+                  f"gain {res[-1]['gain']}", flush=True)
     if len({(r["digest"], r["response_tokens"]) for r in res}) != 1:
         sys.exit("equal work failed: the modes trained different rows")
     r0 = res[0]
     print(f"\nGRPO update on {a.prompts} prompts x K rows ({r0['prompt_tokens']} prompt + {r0['response_tokens']} "
           f"response tokens), {a.model}, {a.experiment}, packed prompts: {r0['share_prompt']}, "
           f"{a.reps} timed reps after 1 warm-up, threads={a.threads}\n")
-    print("| mode | trainable parameters | median update (s) | min–max (s) | peak RSS (MiB) |")
-    print("|---|---|---|---|---|")
+    n = len(r0["gain"])
+    print(f"objective gain: sum_i A_i * mean log-prob(y_i) / N on these rows after 1..{n} updates, minus its value "
+          f"before; seconds per 0.01 gain: median update time x {n} / final gain / 100\n")
+    print("| mode | lr | trainable parameters | median update (s) | min–max (s) | peak RSS (MiB) | objective gain after "
+          f"1..{n} updates | seconds per 0.01 gain |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in res:
-        print(f"| {r['mode']} | {r['trainable'] / 1e6:.1f} M | {statistics.median(r['times']):.1f} | "
-              f"{min(r['times']):.1f}–{max(r['times']):.1f} | {r['peak_rss_mb']:.0f} |")
-    print(bc.summary_line(**{f"{r['mode']}_s": statistics.median(r["times"]) for r in res},
-                          **{f"{r['mode']}_peak_mb": r["peak_rss_mb"] for r in res}, equal_work="ok"))
+        med, g = statistics.median(r["times"]), r["gain"][-1]
+        per = f"{0.01 * med * n / g:.1f}" if g > 0 else "no gain"
+        print(f"| {r['mode']} | {r['lr']:g} | {r['trainable'] / 1e6:.1f} M | {med:.1f} | "
+              f"{min(r['times']):.1f}–{max(r['times']):.1f} | {r['peak_rss_mb']:.0f} | "
+              f"{', '.join(f'{x:+.4f}' for x in r['gain'])} | {per} |")
+    tag = (lambda r: f"{r['mode']}_{r['lr']:g}") if len(lrs) > 1 else (lambda r: r["mode"])
+    print(bc.summary_line(**{f"{tag(r)}_s": statistics.median(r["times"]) for r in res},
+                          **{f"{tag(r)}_peak_mb": r["peak_rss_mb"] for r in res},
+                          **{f"{tag(r)}_gain": r["gain"][-1] for r in res}, equal_work="ok"))
 
 
 if __name__ == "__main__":
