@@ -1,5 +1,6 @@
 """``experiment=smol_score`` as a user runs it from a fresh cache: GGUF conversion, format cold start, SCORE steps,
-export, and ``scripts/evaluate.py`` rolling the export out (``make test-slow``; ~30 minutes on 2 cores)."""
+export, and ``scripts/evaluate.py`` rolling the export out (``make test-slow``; ~50 minutes on one core, most of it
+the 96-step cold start)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def test_smol_score_from_a_fresh_cache_logs_finite_scalars_and_exports(tmp_path)
         assert all(math.isfinite(v) for _, v in scalars[tag]), tag
     assert "sft/summary/loss" in scalars
     export = out / "export"
-    assert list(export.glob("*.safetensors")) and (export / "adapter").is_dir()  # LoRA: merged model + adapter
+    # the top 6 layers train (model.trainable_layers): a whole checkpoint, no adapter
+    assert list(export.glob("*.safetensors")) and not (export / "adapter").exists()
     queries = tmp_path / "query.jsonl"
     queries.write_text(json.dumps({"id": 1, "prompt": "How does the json module read a file?"}) + "\n")
     articles = tmp_path / "articles.jsonl"
