@@ -81,3 +81,115 @@ def test_config_refuses_lora_together_and_bad_counts():
         with pytest.raises(ConfigError, match=text):
             validate_config(compose(["experiment=tiny_score", *extra]))
     validate_config(compose(["experiment=tiny_score", "model.trainable_layers=1"]))
+
+
+def _update(reuse: bool, share_prompt: bool):
+    """One GRPO update (reference pass, forward with gradient, SGD step) of a top-2 policy; how often each frozen
+    layer computed (its MLP ran)."""
+    from score_lightning.rollout.trajectory import Trajectory
+    from score_lightning.step.solver_update import GRPOSettings, OptimizerHooks, solver_update
+    from score_lightning.top_layers import reuse_frozen_bottom
+
+    model = _model()
+    train_top_layers(model, 2)
+    ref = TopLayersReference(model)
+    runs = [0, 0]
+    for i in (0, 1):
+        model.model.layers[i].mlp.register_forward_hook(lambda *a, i=i: runs.__setitem__(i, runs[i] + 1))
+    g = torch.Generator().manual_seed(5)
+    trajs = []
+    for q in range(2):
+        prompt = torch.randint(3, 200, (7,), generator=g).tolist()  # same shapes: only the ids tell them apart
+        for n in (5, 3):
+            resp = torch.randint(3, 200, (n,), generator=g).tolist()
+            trajs.append(Trajectory(prompt, resp, [1] * n))
+    settings = GRPOSettings(2, 1.0, 2, 2, 1, 0.2, 0.28, 0.05, 10.0, 0.0, True, 1e-6, share_prompt)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+
+    def step():
+        opt.step()
+        opt.zero_grad()
+        return 0.0, True
+
+    hooks = OptimizerHooks(lambda loss: loss.backward(), step, torch.device("cpu"))
+    with reuse_frozen_bottom(model, 2) if reuse else torch.no_grad() as stats:
+        torch.set_grad_enabled(True)
+        out = solver_update(model, ref, trajs, torch.tensor([0.1, 0.9, 0.4, 0.3]), settings, 0, hooks)
+    return out.sums, {n: p.detach().clone() for n, p in model.named_parameters()}, runs, stats
+
+
+@pytest.mark.parametrize("share_prompt", [False, True])
+def test_reusing_the_frozen_bottom_changes_nothing_but_its_runs(share_prompt):
+    """With reuse the frozen layers run once per micro-batch (the reference pass) instead of twice, and the
+    update's loss terms and new weights are those of the update without it."""
+    sums, weights, runs, _ = _update(False, share_prompt)
+    sums_r, weights_r, runs_r, stats = _update(True, share_prompt)
+    assert runs == [4, 4] and runs_r == [2, 2]  # 2 micro-batches x (reference + gradient) -> reference only
+    assert stats == {"hits": 2, "misses": 2}
+    assert sums.keys() == sums_r.keys() and all(abs(sums[k] - sums_r[k]) < 1e-6 for k in sums)
+    for n in weights:
+        torch.testing.assert_close(weights_r[n], weights[n], atol=0, rtol=0)
+    assert any((weights[n] - _model().state_dict()[n]).abs().max() > 0 for n in weights)  # the update moved them
+    # the block restores the layers: a later forward runs every layer again
+    assert "forward" not in _model().model.layers[0].__dict__
+
+
+def test_generation_inside_the_block_is_not_replayed():
+    """A forward with a KV cache (decoding) never records or replays: greedy ids equal those outside the block."""
+    from score_lightning.top_layers import reuse_frozen_bottom
+
+    model = _model().eval()
+    train_top_layers(model, 1)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    want = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    with reuse_frozen_bottom(model, 1) as stats:
+        got = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        again = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, want) and torch.equal(again, want)
+    assert stats == {"hits": 0, "misses": 0}
+
+
+def test_two_steps_with_reuse_export_the_weights_of_two_steps_without(tmp_path, tiny_ckpt, corpus_file, monkeypatch):
+    """The trainer with ``optim.reuse_frozen_bottom`` (scripted rollouts, non-zero rewards, top layer of the tiny
+    model): it replays the frozen layer in both updates of each step and exports the same weights as without."""
+    from safetensors.torch import load_file
+
+    from helpers import FAST
+    from score_lightning import module as M
+    from score_lightning.training import run
+
+    seen: list[dict] = []
+    real = M.update_scope
+
+    def spy(cfg, model):
+        scope = real(cfg, model)
+        return _Recorded(scope, seen)
+
+    monkeypatch.setattr(M, "update_scope", spy)
+    weights = []
+    for reuse in (False, True):
+        out = tmp_path / f"reuse{reuse}"
+        run(compose(FAST + [f"paths.output_dir={out}", "trainer.max_steps=2", "rollout=scripted",
+                            "solver.max_response_tokens=200", "evaluator.max_response_tokens=400",
+                            "evaluator.max_rubric_tokens=160", "model.trainable_layers=1",
+                            f"optim.reuse_frozen_bottom={str(reuse).lower()}"]))
+        weights.append(load_file(next((out / "export").glob("*.safetensors"))))
+    assert [s["hits"] for s in seen] == [0, 0, 2, 2]  # per step: the solver's and the evaluator's gradient passes
+    start = load_file(next(tiny_ckpt.glob("*.safetensors")))
+    assert any(not torch.equal(weights[0][n], start[n]) for n in weights[0] if "layers.1." in n)  # it trained
+    assert weights[0].keys() == weights[1].keys()
+    for n in weights[0]:
+        torch.testing.assert_close(weights[1][n], weights[0][n], atol=0, rtol=0)
+
+
+class _Recorded:
+    def __init__(self, scope, seen: list):
+        self.scope, self.seen = scope, seen
+
+    def __enter__(self):
+        self.stats = self.scope.__enter__()
+        return self.stats
+
+    def __exit__(self, *exc):
+        self.seen.append(dict(self.stats))
+        return self.scope.__exit__(*exc)

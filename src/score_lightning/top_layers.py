@@ -13,6 +13,8 @@ The KL reference is the policy's own forward with the top layers' *starting* wei
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -70,6 +72,88 @@ class TopLayersReference(ReferenceModel):
         kwargs.update(input_ids=input_ids, attention_mask=attention_mask)
         with torch.no_grad():
             return torch.func.functional_call(self.policy, self.start, args=(), kwargs=kwargs, strict=False)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal inputs of a layer call: tensors of the same shape and values, tuples of such, or both None."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and torch.equal(a, b))
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a is None and b is None
+
+
+_KEYS = ("attention_mask", "position_ids", "position_embeddings")
+
+
+@contextlib.contextmanager
+def reuse_frozen_bottom(model: nn.Module, n_top: int) -> Iterator[dict[str, int]]:
+    """Within the block, the frozen bottom ``L - n_top`` layers run once per distinct input (``optim.reuse_frozen_bottom``).
+
+    Why: an update runs the same rows through the model two or three times: the reference pass (the
+    policy's own forward with the top layers' start swapped in), the old-policy pass when off-policy, and
+    the forward with gradient. Below the top layers the weights are frozen and identical in all of them, so
+    each pass recomputed the same hidden states: on SmolLM2 with 6 of 30 layers trained, 24/30 of the
+    reference pass. The first call on an input records the bottom's output; a later call whose embeddings,
+    mask and positions are equal (``torch.equal``) skips the bottom layers and takes the recorded output.
+    Calls with a KV cache (generation) are left alone. The records (one hidden-state tensor per micro-batch and
+    its input) live until the block ends. Yields counters: ``hits``, ``misses``.
+    """
+    layers = decoder_layers(model)
+    bottom = list(layers[:len(layers) - int(n_top)])
+    stats = {"hits": 0, "misses": 0}
+    if not bottom:
+        yield stats
+        return
+    records: list[tuple[torch.Tensor, dict[str, Any], torch.Tensor]] = []
+    state: dict[str, Any] = {"replay": None, "record": None}
+    originals = [layer.forward for layer in bottom]
+
+    def wrap(i: int, forward):
+        def call(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            if i == 0:
+                state["replay"] = state["record"] = None
+                if kwargs.get("past_key_values") is None and not args:
+                    key = {k: kwargs.get(k) for k in _KEYS}
+                    found = next((out for h, kw, out in records if _same(h, hidden_states)
+                                  and all(_same(kw[k], key[k]) for k in _KEYS)), None)
+                    if found is not None:
+                        stats["hits"] += 1
+                        state["replay"] = found
+                    else:
+                        stats["misses"] += 1
+                        state["record"] = (hidden_states.detach(), key)
+            if state["replay"] is not None:  # skip: pass through, and the last bottom layer returns the record
+                out = state["replay"] if i == len(bottom) - 1 else hidden_states
+                if i == len(bottom) - 1:
+                    state["replay"] = None
+                return out
+            out = forward(hidden_states, *args, **kwargs)
+            if i == len(bottom) - 1 and state["record"] is not None:
+                records.append((*state["record"], out.detach()))
+                state["record"] = None
+            return out
+        return call
+
+    for i, layer in enumerate(bottom):
+        layer.forward = wrap(i, originals[i])
+    try:
+        yield stats
+    finally:
+        for layer in bottom:
+            del layer.forward  # the class's forward again
+
+
+def update_scope(cfg, model: nn.Module) -> contextlib.AbstractContextManager:
+    """The block around a step's updates: :func:`reuse_frozen_bottom` when the top layers train and
+    ``optim.reuse_frozen_bottom`` is on, else nothing."""
+    from omegaconf import OmegaConf
+
+    top = OmegaConf.select(cfg, "model.trainable_layers", default=None)
+    if top is None or not OmegaConf.select(cfg, "optim.reuse_frozen_bottom", default=False):
+        return contextlib.nullcontext({"hits": 0, "misses": 0})
+    return reuse_frozen_bottom(model, int(top))
 
 
 def check_trainable_layers(cfg, errors: list[str]) -> None:
