@@ -34,10 +34,10 @@ import bench_common as bc  # noqa: E402
 
 def _overrides(a, mode: str) -> list[str]:
     over = [f"experiment={a.experiment}", f"model.name_or_path={a.model_path}", "sft.enabled=false"]
-    if mode == "full":
-        over.append("model.lora.enabled=false")
+    if mode == "full":  # the experiment may train only its top layers (smol_score): every mode says what trains
+        over += ["model.lora.enabled=false", "model.trainable_layers=null"]
     elif mode == "lora":
-        over.append("model.lora.enabled=true")
+        over += ["model.lora.enabled=true", "model.trainable_layers=null"]
     elif mode.startswith("top"):
         over += ["model.lora.enabled=false", f"model.trainable_layers={int(mode[3:])}"]
     return over + list(a.overrides)
@@ -95,7 +95,8 @@ def worker(a) -> None:
             times.append(time.perf_counter() - t0)
         objective.append(_objective(policy, batch, advantages, settings))  # outside the timed update
     print(json.dumps({"mode": a.mode, "times": times, "peak_rss_mb": bc.peak_rss_mb(),
-                      "trainable": sum(p.numel() for p in params), "digest": bc.ids_digest(batch.input_ids.tolist()),
+                      "trainable": sum(p.numel() for p in params),
+                      "total": sum(p.numel() for n, p in policy.named_parameters() if "lora_" not in n), "digest": bc.ids_digest(batch.input_ids.tolist()),
                       "prompt_tokens": sum(len(t.prompt_ids) for t in trajs),
                       "response_tokens": sum(len(t.response_ids) for t in trajs),
                       "share_prompt": settings.share_prompt, "lr": float(cfg.optim.lr),
@@ -156,6 +157,9 @@ def main(argv: list[str] | None = None) -> None:
                   f"gain {res[-1]['gain']}", flush=True)
     if len({(r["digest"], r["response_tokens"]) for r in res}) != 1:
         sys.exit("equal work failed: the modes trained different rows")
+    for r in res:  # each mode trained what it says: all weights, adapters only, or fewer than all
+        if r["mode"] == "full" and r["trainable"] != r["total"] or r["mode"] != "full" and r["trainable"] >= r["total"]:
+            sys.exit(f"mode {r['mode']} trained {r['trainable']} of {r['total']} parameters")
     r0 = res[0]
     print(f"\nGRPO update on {a.prompts} prompts x K rows ({r0['prompt_tokens']} prompt + {r0['response_tokens']} "
           f"response tokens), {a.model}, {a.experiment}, packed prompts: {r0['share_prompt']}, "
