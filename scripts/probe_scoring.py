@@ -73,7 +73,7 @@ def main() -> int:
     from score_lightning.rollout.agent import TagStops
     from score_lightning.rollout.chat import encode_chat
     from score_lightning.rollout.engine import SamplingParams
-    from score_lightning.rollout.hf_engine import HFEngine
+    from score_lightning.rollout.hf_engine import HFEngine, fast_forward_options
     from score_lightning.sft.asset import ASSET_DIR
     from score_lightning.step.evaluations import group_evaluations
     from score_lightning.step.reward_assembly import RewardSettings, parse_answers
@@ -105,7 +105,8 @@ def main() -> int:
     queries = [q.prompt for q in load_queries(cfg.data.get("queries_path"), cfg.data.get("split", "train"))]
     state = HarnessState.from_dict(OmegaConf.to_container(cfg.harness.initial_state, resolve=True))
     sched = DimensionScheduler(list(state.dimension_pool))
-    engine = HFEngine(lambda: model, tok.pad_token_id, tok.eos_token_id, tok, int(cfg.rollout.max_batch_size))
+    engine = HFEngine(lambda: model, tok.pad_token_id, tok.eos_token_id, tok, int(cfg.rollout.max_batch_size),
+                      **fast_forward_options(cfg.rollout))
     if args.demos > 0:
         from score_lightning.sft.context import DemoContext
         from score_lightning.sft.demo_fit import scoring_demo_fit

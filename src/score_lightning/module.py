@@ -147,13 +147,13 @@ class ScoreModule(LightningModule):
             return
         tok, kind = self.tokenizer, self.cfg.rollout.engine
         if kind == "hf":
-            from score_lightning.rollout.hf_engine import HFEngine
+            from score_lightning.rollout.hf_engine import HFEngine, fast_forward_options
 
             sharded = self.cfg.strategy.name == "fsdp" and self.trainer.world_size > 1  # forwards are collective
             args = (tok.pad_token_id, tok.eos_token_id, tok, int(self.cfg.rollout.max_batch_size), sharded)
-            ff = bool(self.cfg.rollout.get("grammar_fast_forward", True))
-            self.engine = HFEngine(lambda: self.policy, *args, fast_forward=ff)
-            self.evaluator_engine = HFEngine(lambda: self.eval_model, *args, fast_forward=ff)
+            ff = fast_forward_options(self.cfg.rollout)
+            self.engine = HFEngine(lambda: self.policy, *args, **ff)
+            self.evaluator_engine = HFEngine(lambda: self.eval_model, *args, **ff)
         elif kind == "scripted":
             from hydra.utils import instantiate
 

@@ -47,7 +47,8 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     done: bool = False  # nothing more to sample
-    closing: bool = False  # finished inside a forced run: one more forward gives the run's log-probs
+    closing: bool = False  # finished inside a forced run: feeding the rest of it gives the run's log-probs
+    last: int = 0  # the column of the row's last fed token in the latest forward
 
 
 @dataclass
@@ -74,12 +75,13 @@ def _completes(decode: Callable[[list[int]], str], tokens: list[int], strings: S
 def grammar_decode(model: nn.Module, input_ids: torch.Tensor, attention: torch.Tensor, cache: GrowingCache,
                    grammars: Sequence[str | None], tokenizer, *, max_new_tokens: int, temperature: float, top_p: float,
                    stop_ids: Sequence[int], stop_strings: Sequence[str], eos_ids: Sequence[int], pad_id: int,
-                   want_logprobs: bool) -> Decoded:
+                   want_logprobs: bool, max_forward_tokens: int = 64) -> Decoded:
     """Decode left-padded ``input_ids [N, W]`` whose ``cache`` holds every column but the last (``kv_cache.prefill``).
 
     ``grammars``: one Lark grammar per row (``None``: free). A row stops on a token in ``stop_ids`` (kept),
     on the token completing a stop string, or after ``max_new_tokens``; the caller cuts the turn
     (``stops.first_stop``) as after ``generate``. On return ``cache`` is compacted (see the module docstring).
+    ``max_forward_tokens``: the most token columns x live rows one forward takes (``rollout.grammar_fast_forward_tokens``).
     """
     n, width = input_ids.shape
     device = input_ids.device
@@ -108,14 +110,17 @@ def grammar_decode(model: nn.Module, input_ids: torch.Tensor, attention: torch.T
 
     while any(not r.done for r in rows):
         live = [i for i, r in enumerate(rows) if not r.done]
-        m = max(len(rows[i].feed) for i in live)
+        # the forward's width: the longest feed, but at most max_forward_tokens over all live rows (a row's feed
+        # beyond it waits for the next forward): n rows padded to one long run would cost n x run tokens
+        m = min(max(len(rows[i].feed) for i in live), max(1, max_forward_tokens // len(live)))
         ids = torch.full((n, m), pad_id, dtype=torch.long)
         mask = torch.zeros((n, m), dtype=torch.long)
         pos = torch.zeros((n, m), dtype=torch.long)
         for i in live:
             r = rows[i]
-            ids[i, :len(r.feed)] = torch.tensor(r.feed)
-            mask[i, :len(r.feed)] = 1
+            k = min(len(r.feed), m)
+            ids[i, :k] = torch.tensor(r.feed[:k])
+            mask[i, :k] = 1
             pos[i] = torch.arange(r.position, r.position + m)
         fed_ids.append(ids)
         fed_mask.append(mask)
@@ -128,18 +133,25 @@ def grammar_decode(model: nn.Module, input_ids: torch.Tensor, attention: torch.T
         nxt = []  # rows that sample a token from this forward's last real position
         for i in live:
             r = rows[i]
-            k = len(r.feed)
-            if want_logprobs and k > 1:  # the forced run's log-probs: each token under the logits before it
-                lp = torch.log_softmax(logits[i, :k - 1], dim=-1)
-                r.logprobs += lp.gather(-1, torch.tensor(r.feed[1:], device=lp.device).view(-1, 1)).view(-1).tolist()
+            k = min(len(r.feed), m)
+            fed, r.feed = r.feed[:k], r.feed[k:]
+            # log-probs of forced tokens under the logits before each: fed[0]'s is already recorded (sampled, or
+            # the first of a run the previous forward cut), fed[1:] from this forward, and the next queued one too
+            targets = fed[1:] + r.feed[:1]
+            if want_logprobs and targets:
+                lp = torch.log_softmax(logits[i, :len(targets)], dim=-1)
+                r.logprobs += lp.gather(-1, torch.tensor(targets, device=lp.device).view(-1, 1)).view(-1).tolist()
             r.position += k
+            if r.feed:  # more of a forced run to feed
+                continue
             if r.closing:
                 r.done = True
             else:
+                r.last = k - 1
                 nxt.append(i)
-        if not nxt:
-            break
-        scores = torch.stack([logits[i, len(rows[i].feed) - 1] for i in nxt])
+        if not nxt:  # every live row still feeds a forced run
+            continue
+        scores = torch.stack([logits[i, rows[i].last] for i in nxt])
         raw = torch.log_softmax(scores, dim=-1) if want_logprobs else None
         scores = _mask(scores, [rows[i].matcher for i in nxt], vocab)
         if sample:

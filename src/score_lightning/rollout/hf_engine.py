@@ -31,6 +31,12 @@ from score_lightning.rollout.kv_cache import GrowingCache, PrefixStore, prefill
 from score_lightning.rollout.stops import first_stop
 
 
+def fast_forward_options(rollout_cfg) -> dict:
+    """``rollout.grammar_fast_forward`` and ``rollout.grammar_fast_forward_tokens`` as :class:`HFEngine` kwargs."""
+    return dict(fast_forward=bool(rollout_cfg.get("grammar_fast_forward", True)),
+                fast_forward_tokens=int(rollout_cfg.get("grammar_fast_forward_tokens", 64)))
+
+
 class HFEngine:
     """Batched, left-padded generation with the KV cache, on whatever module the trainer holds.
 
@@ -39,7 +45,8 @@ class HFEngine:
     """
 
     def __init__(self, model_getter: Callable[[], nn.Module], pad_token_id: int, eos_token_id: int | Sequence[int],
-                 tokenizer=None, max_batch_size: int = 64, collective: bool = False, fast_forward: bool = True):
+                 tokenizer=None, max_batch_size: int = 64, collective: bool = False, fast_forward: bool = True,
+                 fast_forward_tokens: int = 64):
         from score_lightning.models import end_of_turn_ids
 
         self._model_getter = model_getter
@@ -61,6 +68,8 @@ class HFEngine:
         #: constrained calls feed the grammar's forced tokens in one forward (rollout/fast_forward.py); not for a
         #: collective module, whose ranks must make the same forwards
         self.fast_forward = fast_forward and not collective
+        #: the most token columns x rows one such forward takes (forced runs beyond it wait for the next forward)
+        self.fast_forward_tokens = int(fast_forward_tokens)
 
     def release_cache(self) -> None:
         """Drop the stored KV caches (the trainer calls this before its update, when no rollout follows)."""
@@ -181,7 +190,8 @@ class HFEngine:
             out = grammar_decode(model, input_ids, attention, cache, params.grammars, self.tokenizer,
                                  max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
                                  stop_ids=eos, stop_strings=params.stop_strings, eos_ids=self.eos_token_ids,
-                                 pad_id=self.pad_token_id, want_logprobs=params.logprobs)
+                                 pad_id=self.pad_token_id, want_logprobs=params.logprobs,
+                                 max_forward_tokens=self.fast_forward_tokens)
         finally:
             model.train(was_training)
         self.prefix_store.add(cache, out.cache_tokens, out.cache_mask)
