@@ -75,7 +75,7 @@ def _completes(decode: Callable[[list[int]], str], tokens: list[int], strings: S
 def grammar_decode(model: nn.Module, input_ids: torch.Tensor, attention: torch.Tensor, cache: GrowingCache,
                    grammars: Sequence[str | None], tokenizer, *, max_new_tokens: int, temperature: float, top_p: float,
                    stop_ids: Sequence[int], stop_strings: Sequence[str], eos_ids: Sequence[int], pad_id: int,
-                   want_logprobs: bool, max_forward_tokens: int = 64) -> Decoded:
+                   want_logprobs: bool, max_forward_tokens: int = 16) -> Decoded:
     """Decode left-padded ``input_ids [N, W]`` whose ``cache`` holds every column but the last (``kv_cache.prefill``).
 
     ``grammars``: one Lark grammar per row (``None``: free). A row stops on a token in ``stop_ids`` (kept),

@@ -34,7 +34,7 @@ from score_lightning.rollout.stops import first_stop
 def fast_forward_options(rollout_cfg) -> dict:
     """``rollout.grammar_fast_forward`` and ``rollout.grammar_fast_forward_tokens`` as :class:`HFEngine` kwargs."""
     return dict(fast_forward=bool(rollout_cfg.get("grammar_fast_forward", True)),
-                fast_forward_tokens=int(rollout_cfg.get("grammar_fast_forward_tokens", 64)))
+                fast_forward_tokens=int(rollout_cfg.get("grammar_fast_forward_tokens", 16)))
 
 
 class HFEngine:
@@ -46,7 +46,7 @@ class HFEngine:
 
     def __init__(self, model_getter: Callable[[], nn.Module], pad_token_id: int, eos_token_id: int | Sequence[int],
                  tokenizer=None, max_batch_size: int = 64, collective: bool = False, fast_forward: bool = True,
-                 fast_forward_tokens: int = 64):
+                 fast_forward_tokens: int = 16):
         from score_lightning.models import end_of_turn_ids
 
         self._model_getter = model_getter
