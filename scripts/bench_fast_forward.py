@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
             if reference is None:
                 reference = ids
             elif ids != reference:
-                sys.exit(f"equal work failed: rows={rows} budget={budget} wrote other ids than {a.budgets.split(',')[0]}")
+                sys.exit(f"equal work failed: rows={rows} budget={budget} wrote other ids than "
+                         f"{a.budgets.split(',')[0]}")
             valid = sum(parse_evaluation(tok.decode(x), rubric, K).valid for x in ids)
             n_tok = max(len(x) for x in ids)
             steps = forwards[0] if forwards else n_tok  # generate(): one forward per token of the longest row

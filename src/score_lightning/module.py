@@ -42,9 +42,9 @@ from score_lightning.step.rollouts import RolloutSettings, initial_evidence, sco
 from score_lightning.step.samples import step_samples
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_update import GRPOSettings, OptimizerHooks, solver_update
-from score_lightning.top_layers import update_scope
 from score_lightning.step.step_rewards import StepRewardStage
 from score_lightning.step.types import StepRollouts
+from score_lightning.top_layers import update_scope
 
 log = logging.getLogger(__name__)
 

@@ -89,7 +89,8 @@ _KEYS = ("attention_mask", "position_ids", "position_embeddings")
 
 @contextlib.contextmanager
 def reuse_frozen_bottom(model: nn.Module, n_top: int) -> Iterator[dict[str, int]]:
-    """Within the block, the frozen bottom ``L - n_top`` layers run once per distinct input (``optim.reuse_frozen_bottom``).
+    """Within the block, the frozen bottom ``L - n_top`` layers run once per distinct input
+    (``optim.reuse_frozen_bottom``).
 
     Why: an update runs the same rows through the model two or three times: the reference pass (the
     policy's own forward with the top layers' start swapped in), the old-policy pass when off-policy, and

@@ -180,16 +180,7 @@ class GrammarLogitsProcessor:
         self.matchers: list[Any] | None = None
 
     def _start(self, vocab: int) -> None:
-        tok = ll_tokenizer(self.tokenizer, vocab, self.eos_ids)
-        self.matchers = []
-        for grammar in self.grammars:
-            if grammar is None:
-                self.matchers.append(None)
-                continue
-            m = llguidance.LLMatcher(tok, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
-            if m.is_error():
-                raise ValueError(f"constrained scoring: bad grammar: {m.get_error()}")
-            self.matchers.append(m)
+        self.matchers = grammar_matchers(self.grammars, self.tokenizer, vocab, self.eos_ids)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         vocab = scores.shape[-1]
@@ -205,12 +196,36 @@ class GrammarLogitsProcessor:
                 if m.is_error():
                     continue
             rows.append(i)  # a finished grammar (stopped) allows only EOS
-        if not rows:
-            return scores
-        # compute_bitmask, not llguidance.torch: importing that module costs ~2 s (it compiles a kernel) on every run
-        bitmask = torch.stack([torch.frombuffer(bytearray(self.matchers[i].compute_bitmask()), dtype=torch.int32)
-                               for i in rows])
-        allowed = _unpack(bitmask, vocab).to(scores.device)
-        idx = torch.tensor(rows, device=scores.device)
-        scores[idx] = scores[idx].masked_fill(~allowed, float("-inf"))
+        return mask_disallowed(scores, self.matchers, rows)
+
+
+def grammar_matchers(grammars: Sequence[str | None], tokenizer, vocab: int, eos_ids: Sequence[int]) -> list[Any]:
+    """One llguidance matcher per grammar (``None`` for a free row); a grammar that does not compile is refused."""
+    tok = ll_tokenizer(tokenizer, vocab, eos_ids) if any(g is not None for g in grammars) else None
+    out = []
+    for grammar in grammars:
+        if grammar is None:
+            out.append(None)
+            continue
+        m = llguidance.LLMatcher(tok, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
+        if m.is_error():
+            raise ValueError(f"constrained scoring: bad grammar: {m.get_error()}")
+        out.append(m)
+    return out
+
+
+def allowed_tokens(matchers: Sequence[Any], vocab: int) -> torch.Tensor:
+    """``[len(matchers), V]`` bool: the tokens each matcher's grammar can continue with now."""
+    # compute_bitmask, not llguidance.torch: importing that module costs ~2 s (it compiles a kernel) on every run
+    bitmask = torch.stack([torch.frombuffer(bytearray(m.compute_bitmask()), dtype=torch.int32) for m in matchers])
+    return _unpack(bitmask, vocab)
+
+
+def mask_disallowed(scores: torch.Tensor, matchers: Sequence[Any], rows: Sequence[int]) -> torch.Tensor:
+    """``scores [B, V]`` with -inf on every token row ``i`` (of ``rows``) may not write next (in place)."""
+    if not rows:
         return scores
+    allowed = allowed_tokens([matchers[i] for i in rows], scores.shape[-1]).to(scores.device)
+    idx = torch.tensor(list(rows), device=scores.device)
+    scores[idx] = scores[idx].masked_fill(~allowed, float("-inf"))
+    return scores

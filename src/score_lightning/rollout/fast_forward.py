@@ -28,13 +28,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import llguidance
 import torch
 from torch import nn
 from transformers import TopPLogitsWarper
 
-from score_lightning.rollout.constrained import _unpack, ll_tokenizer
+from score_lightning.rollout.constrained import allowed_tokens, grammar_matchers, mask_disallowed
 from score_lightning.rollout.kv_cache import GrowingCache, GrowingLayer
+from score_lightning.rollout.stops import completes_stop, stop_window
 
 
 @dataclass
@@ -62,15 +62,6 @@ class Decoded:
     cache_mask: torch.Tensor  # [N, F] 1 on those columns
 
 
-def _completes(decode: Callable[[list[int]], str], tokens: list[int], strings: Sequence[str], window: int) -> bool:
-    """The newest token completed one of ``strings`` (the engine's ``_StopStrings`` rule, on one row)."""
-    if not strings:
-        return False
-    tail = tokens[-window:]
-    text, before = decode(tail), decode(tail[:-1])
-    return any(text.count(s) > before.count(s) for s in strings)
-
-
 @torch.no_grad()
 def grammar_decode(model: nn.Module, input_ids: torch.Tensor, attention: torch.Tensor, cache: GrowingCache,
                    grammars: Sequence[str | None], tokenizer, *, max_new_tokens: int, temperature: float, top_p: float,
@@ -81,22 +72,16 @@ def grammar_decode(model: nn.Module, input_ids: torch.Tensor, attention: torch.T
     ``grammars``: one Lark grammar per row (``None``: free). A row stops on a token in ``stop_ids`` (kept),
     on the token completing a stop string, or after ``max_new_tokens``; the caller cuts the turn
     (``stops.first_stop``) as after ``generate``. On return ``cache`` is compacted (see the module docstring).
-    ``max_forward_tokens``: the most token columns x live rows one forward takes (``rollout.grammar_fast_forward_tokens``).
+    ``max_forward_tokens``: the most token columns x live rows one forward takes
+    (``rollout.grammar_fast_forward_tokens``).
     """
     n, width = input_ids.shape
     device = input_ids.device
     vocab = int(model.get_output_embeddings().weight.shape[0])
-    ll_tok = ll_tokenizer(tokenizer, vocab, eos_ids) if any(g is not None for g in grammars) else None
-    rows = []
-    for i, grammar in enumerate(grammars):
-        matcher = None
-        if grammar is not None:
-            matcher = llguidance.LLMatcher(ll_tok, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
-            if matcher.is_error():
-                raise ValueError(f"constrained scoring: bad grammar: {matcher.get_error()}")
-        rows.append(_Row(matcher, [int(input_ids[i, -1])], int(attention[i].sum()) - 1))
+    rows = [_Row(m, [int(input_ids[i, -1])], int(attention[i].sum()) - 1)
+            for i, m in enumerate(grammar_matchers(grammars, tokenizer, vocab, eos_ids))]
     stops, strings = set(int(t) for t in stop_ids), tuple(stop_strings)
-    window = max((len(s.encode("utf-8")) for s in strings), default=0) + 2
+    window = stop_window(strings)
     sample = temperature > 0
     top_p_warp = TopPLogitsWarper(top_p) if sample and top_p < 1.0 else None
     fed_ids, fed_mask = [input_ids[:, :width - 1]], [attention[:, :width - 1].long()]
@@ -105,7 +90,7 @@ def grammar_decode(model: nn.Module, input_ids: torch.Tensor, attention: torch.T
     def add(row: _Row, token: int) -> bool:
         """Append a generated token; True when it ends the row."""
         row.tokens.append(token)
-        return token in stops or _completes(tokenizer.decode, row.tokens, strings, window) \
+        return token in stops or completes_stop(tokenizer.decode, row.tokens, strings, window) \
             or len(row.tokens) >= max_new_tokens
 
     while any(not r.done for r in rows):
@@ -153,7 +138,8 @@ def grammar_decode(model: nn.Module, input_ids: torch.Tensor, attention: torch.T
             continue
         scores = torch.stack([logits[i, rows[i].last] for i in nxt])
         raw = torch.log_softmax(scores, dim=-1) if want_logprobs else None
-        scores = _mask(scores, [rows[i].matcher for i in nxt], vocab)
+        held = [rows[i].matcher for i in nxt]  # a finished grammar allows only EOS; an errored matcher is left free
+        scores = mask_disallowed(scores, held, [j for j, m in enumerate(held) if m is not None and not m.is_error()])
         if sample:
             if top_p_warp is not None:
                 scores = top_p_warp(None, scores)
@@ -186,25 +172,12 @@ def _fast_forward(row: _Row, add: Callable[[_Row, int], bool], vocab: int) -> bo
         if add(row, forced):
             return True
     if row.matcher.is_stopped():  # a complete grammar allows only the end ids: forced when there is one
-        allowed = torch.nonzero(_unpack(torch.frombuffer(bytearray(row.matcher.compute_bitmask()), dtype=torch.int32)
-                                        .view(1, -1), vocab)[0]).view(-1)
+        allowed = torch.nonzero(allowed_tokens([row.matcher], vocab)[0]).view(-1)
         if len(allowed) == 1:
             row.feed.append(int(allowed[0]))
             add(row, int(allowed[0]))
             return True
     return False
-
-
-def _mask(scores: torch.Tensor, matchers: Sequence[Any], vocab: int) -> torch.Tensor:
-    """Every token a row's grammar cannot continue with gets -inf (a finished grammar allows only EOS)."""
-    held = [j for j, m in enumerate(matchers) if m is not None and not m.is_error()]
-    if not held:
-        return scores
-    bitmask = torch.stack([torch.frombuffer(bytearray(matchers[j].compute_bitmask()), dtype=torch.int32) for j in held])
-    allowed = _unpack(bitmask, vocab).to(scores.device)
-    idx = torch.tensor(held, device=scores.device)
-    scores[idx] = scores[idx].masked_fill(~allowed, float("-inf"))
-    return scores
 
 
 def _real_columns(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

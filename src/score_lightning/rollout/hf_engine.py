@@ -28,7 +28,7 @@ from transformers import (GenerationConfig, LogitsProcessorList, StoppingCriteri
 from score_lightning.rollout.engine import Generation, SamplingParams
 from score_lightning.rollout.constrained import GrammarLogitsProcessor
 from score_lightning.rollout.kv_cache import GrowingCache, PrefixStore, prefill
-from score_lightning.rollout.stops import first_stop
+from score_lightning.rollout.stops import completes_stop, first_stop, stop_window
 
 
 def fast_forward_options(rollout_cfg) -> dict:
@@ -118,6 +118,8 @@ class HFEngine:
             attention[i, width - len(p):] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
         eos = sorted({*self.eos_token_ids, *params.stop_token_ids})
+        if self.fast_forward and width >= 2 and any(g is not None for g in params.grammars):
+            return self._decode_constrained(model, input_ids, attention, params, eos)
         sample = params.temperature > 0
         kwargs = dict(
             input_ids=input_ids, attention_mask=attention, max_new_tokens=params.max_new_tokens,
@@ -139,8 +141,6 @@ class HFEngine:
                 raise ValueError("HFEngine needs the tokenizer to stop on strings (multi-token tags)")
             kwargs.update(stopping_criteria=StoppingCriteriaList(
                 [_StopStrings(self.tokenizer.decode, params.stop_strings, width)]))
-        if self.fast_forward and width >= 2 and any(g is not None for g in params.grammars):
-            return self._decode_constrained(model, input_ids, attention, params, eos)
         was_training = model.training
         model.eval()
         # the KV cache is written in place, and a prompt shared by several rows (the K rollouts of a query) runs once
@@ -163,16 +163,19 @@ class HFEngine:
         del cache, kwargs["past_key_values"]
         new = res.sequences[:, width:].cpu()
         lp = recorder.finish(res.sequences[:, width:]) if recorder is not None and new.shape[1] else None
-        gens = []
+        return self._cut(new.tolist(), lp.tolist() if lp is not None else None, eos, params.stop_strings)
+
+    def _cut(self, rows: list[list[int]], logprobs: list[list[float]] | None, eos: Sequence[int],
+             stop_strings: Sequence[str]) -> list[Generation]:
+        """Each row's turn up to and including its stop (``stops.first_stop``), with its log-probs."""
         decode = self.tokenizer.decode if self.tokenizer is not None else None
-        for i in range(new.shape[0]):
-            row = new[i].tolist()
-            n = first_stop(row, decode, eos, params.stop_strings)
+        gens = []
+        for i, row in enumerate(rows):
+            n = first_stop(row, decode, eos, stop_strings)
             ids = row if n is None else row[:n]
-            gens.append(Generation(ids, lp[i, :len(ids)].tolist() if lp is not None else None,
+            gens.append(Generation(ids, logprobs[i][:len(ids)] if logprobs is not None else None,
                                    "length" if n is None else "stop"))
         return gens
-
 
     def _decode_constrained(self, model: nn.Module, input_ids: torch.Tensor, attention: torch.Tensor,
                             params: SamplingParams, eos: list[int]) -> list[Generation]:
@@ -188,41 +191,29 @@ class HFEngine:
         try:
             prefill(model, input_ids, attention, cache, self.prefix_store)
             out = grammar_decode(model, input_ids, attention, cache, params.grammars, self.tokenizer,
-                                 max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
+                                 max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+                                 top_p=params.top_p,
                                  stop_ids=eos, stop_strings=params.stop_strings, eos_ids=self.eos_token_ids,
                                  pad_id=self.pad_token_id, want_logprobs=params.logprobs,
                                  max_forward_tokens=self.fast_forward_tokens)
         finally:
             model.train(was_training)
         self.prefix_store.add(cache, out.cache_tokens, out.cache_mask)
-        gens = []
-        for i, row in enumerate(out.tokens):
-            n = first_stop(row, self.tokenizer.decode, eos, params.stop_strings)
-            ids = row if n is None else row[:n]
-            gens.append(Generation(ids, out.logprobs[i][:len(ids)] if out.logprobs is not None else None,
-                                   "length" if n is None else "stop"))
-        return gens
+        return self._cut(out.tokens, out.logprobs, eos, params.stop_strings)
 
 
 class _StopStrings(StoppingCriteria):
-    """Stops a row on the generated token that completes one of ``strings`` (prompt text excluded).
-
-    Only the last ``window`` generated tokens are decoded: a string of m UTF-8 bytes spans at most
-    m tokens plus one partial. A string counts when decoding the window finds more occurrences
-    than decoding it without its last token, i.e. the newest token completed it.
-    """
+    """Stops a row on the generated token that completes one of ``strings`` (prompt text excluded;
+    :func:`~score_lightning.rollout.stops.completes_stop` on each row's newest tokens)."""
 
     def __init__(self, decode: Callable[[list[int]], str], strings: Sequence[str], prompt_width: int):
         self.decode, self.strings, self.start = decode, tuple(strings), prompt_width
-        self.window = max(len(s.encode("utf-8")) for s in self.strings) + 2
+        self.window = stop_window(self.strings)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
         new = input_ids[:, self.start:]
         tail = new[:, -self.window:].tolist() if new.shape[1] else [[] for _ in range(new.shape[0])]
-        done = []
-        for ids in tail:
-            text, before = self.decode(ids), self.decode(ids[:-1])
-            done.append(any(text.count(s) > before.count(s) for s in self.strings))
+        done = [completes_stop(self.decode, ids, self.strings, self.window) for ids in tail]
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 

@@ -87,3 +87,19 @@ def completed_tag(ids: Sequence[int], decode: Decode, tags: Sequence[str]) -> tu
         return None
     start, tag = min(done)
     return tag, start + len(tag)
+
+
+def stop_window(strings: Sequence[str]) -> int:
+    """Tokens to decode to see a stop string complete: a string of m UTF-8 bytes spans at most m tokens plus one
+    partial."""
+    return max((len(s.encode("utf-8")) for s in strings), default=0) + 2
+
+
+def completes_stop(decode: Decode, ids: Sequence[int], strings: Sequence[str], window: int) -> bool:
+    """Whether the newest of ``ids`` completed one of ``strings``: decoding the last ``window`` ids finds more
+    occurrences than decoding them without the newest (only that window is decoded, once per new token)."""
+    if not strings or not ids:
+        return False
+    tail = list(ids[-window:])
+    text, before = decode(tail), decode(tail[:-1])
+    return any(text.count(s) > before.count(s) for s in strings)
