@@ -44,8 +44,8 @@ def compose(overrides: list[str]):
 def tiny_checkpoint() -> Path:
     """The tests' cached tiny checkpoint; built (once, then cached) exactly as the conftest fixture does."""
     from score_lightning.data.corpus import default_corpus_path
-    from score_lightning.models import TinyModelSpec, ensure_tiny_checkpoint
-    from score_lightning.training import tokenizer_extra_texts
+    from score_lightning.policy.models import TinyModelSpec, ensure_tiny_checkpoint
+    from score_lightning.launch.training import tokenizer_extra_texts
 
     CACHE.mkdir(parents=True, exist_ok=True)
     corpus = default_corpus_path(CACHE / "corpus")
@@ -56,7 +56,7 @@ def checkpoint(model: str = "tiny") -> Path:
     """``tiny``: the tests' checkpoint; a preset (``smollm2_135m``) or a directory: as ``training.resolve_model_arg``."""
     if model == "tiny":
         return tiny_checkpoint()
-    from score_lightning.training import resolve_model_arg
+    from score_lightning.launch.training import resolve_model_arg
 
     return Path(resolve_model_arg(model, CACHE))
 
@@ -65,7 +65,7 @@ def set_malloc(cfg) -> str:
     """The trainer's glibc mmap threshold (``trainer.malloc_mmap_threshold_mb``) in this process; what was set."""
     from omegaconf import OmegaConf
 
-    from score_lightning.cpu_memory import set_malloc_mmap_threshold
+    from score_lightning.policy.cpu_memory import set_malloc_mmap_threshold
 
     mb = OmegaConf.select(cfg, "trainer.malloc_mmap_threshold_mb")
     return f"mmap threshold {mb} MB" if set_malloc_mmap_threshold(mb) else "glibc default"

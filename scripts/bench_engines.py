@@ -104,7 +104,7 @@ def big_model_dir() -> Path:
 def make_engine(kind: str, path: str, tokenizer, rows: int):
     """A project engine that ignores EOS (so every turn has exactly the forced length)."""
     if kind == "hf":
-        from score_lightning.models import load_policy
+        from score_lightning.policy.models import load_policy
         from score_lightning.rollout.hf_engine import HFEngine
 
         model = load_policy(path, "float32").eval()
@@ -131,7 +131,7 @@ def worker(a) -> None:
     from score_lightning import protocol as P
     from score_lightning.data.corpus import default_corpus_path
     from score_lightning.harness.state import HarnessState
-    from score_lightning.models import load_tokenizer
+    from score_lightning.policy.models import load_tokenizer
     from score_lightning.retrieval.bm25 import BM25Retriever
     from score_lightning.roles.prompts import solver_messages
     from score_lightning.roles.rubric import fallback_rubric

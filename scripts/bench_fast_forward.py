@@ -58,7 +58,7 @@ def _prompts(cfg, tok, rows: int):
 
 
 def main(argv: list[str] | None = None) -> None:
-    from score_lightning.models import load_policy, load_tokenizer
+    from score_lightning.policy.models import load_policy, load_tokenizer
     from score_lightning.roles.evaluation import parse_evaluation
     from score_lightning.rollout import fast_forward as FF
     from score_lightning.rollout import hf_engine

@@ -55,7 +55,7 @@ def big_vocab_model(hidden: int = 256, layers: int = 2, seed: int = 0):
 def _batch(rows: int, prompt: int, response: int, seed: int = 1):
     import torch
 
-    from score_lightning.batching import build_token_batch
+    from score_lightning.step.batching import build_token_batch
 
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, VOCAB, (rows, prompt + response), generator=g).tolist()
@@ -66,7 +66,7 @@ def _pass(model, batch, variant: str, weights):
     """One forward (log-probs + detached entropy) and backward; returns (summed response log-prob, head grad norm)."""
     import torch
 
-    from score_lightning.batching import policy_logprobs
+    from score_lightning.step.batching import policy_logprobs
 
     model.zero_grad(set_to_none=True)
     if variant == "trl":

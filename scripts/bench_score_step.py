@@ -2,7 +2,7 @@
 
     HF_HUB_OFFLINE=1 python scripts/bench_score_step.py [--reps 10] [--warmup 1] [--rollout hf|scripted]
 
-Both sides are real training runs (``score_lightning.training.run``: the project's Hydra config,
+Both sides are real training runs (``score_lightning.launch.training.run``: the project's Hydra config,
 DataModule, callbacks, TensorBoard logger and checkpointing), from the same cold-start checkpoint,
 with the same K, batch, budgets, optimiser and seed; ``grpo_baseline`` differs only in what it is:
 a static rubric, no evaluator REINFORCE, no meta-harness. Its reports are still scored by the
@@ -118,11 +118,11 @@ def worker(a) -> None:
     import score_lightning.module as M
     from score_lightning.callbacks.meta_harness import MetaHarnessCallback
     from score_lightning.step.scalars import StepScalars
-    from score_lightning.training import run
+    from score_lightning.launch.training import run
 
     timer = PhaseTimer()
     missing = [name for name, phase in MODULE_WRAPS if not timer.wrap(M, name, phase)]
-    for owner, name, phase in ((StepScalars, "compute", "logging"), (M.ScoreModule, "_log_metrics", "logging"),
+    for owner, name, phase in ((StepScalars, "compute", "logging"), (M.ScoreModule, "log_step_metrics", "logging"),
                                (pl.Trainer, "save_checkpoint", "checkpoint"),
                                (MetaHarnessCallback, "on_train_batch_end", "harness")):
         if not timer.wrap(owner, name, phase):
@@ -183,7 +183,7 @@ def prepare_cold_start(a) -> None:
     """Build (or find cached) the cold-start checkpoint once, before two workers could race for it."""
     if a.rollout == "scripted" or a.no_cold_start:
         return
-    from score_lightning.training import maybe_run_sft, resolve_model_path
+    from score_lightning.launch.training import maybe_run_sft, resolve_model_path
 
     for side in SIDES:
         cfg = bc.compose(overrides(a, side, tempfile.mkdtemp(prefix="bench_sft_")))

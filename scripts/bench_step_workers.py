@@ -77,8 +77,8 @@ def use_logprobs(kind: str) -> None:
     import torch
 
     import score_lightning.step.solver_update as su
-    from score_lightning.batching import policy_logprobs
-    from score_lightning.losses import entropy_from_logits, token_logprobs
+    from score_lightning.step.batching import policy_logprobs
+    from score_lightning.step.losses import entropy_from_logits, token_logprobs
 
     if kind == "fused":
         return
@@ -105,7 +105,7 @@ def worker_ours(a) -> None:
     import torch
     from torch.utils.data import DataLoader
 
-    from score_lightning.config_validation import validate_config
+    from score_lightning.launch.config_validation import validate_config
     from score_lightning.module import ScoreModule
     from score_lightning.rollout.chat import encode_chat
     from score_lightning.step.solver_update import solver_update
@@ -149,11 +149,11 @@ def worker_ours(a) -> None:
             t1 = time.perf_counter()
             rewards = torch.tensor([bc.reward_of_ids(self.tokenizer, t.response_ids) for t in ro.solver])
             upd = solver_update(self.policy, self.ref, ro.solver, rewards, self.grpo_settings,
-                                self.tokenizer.pad_token_id, self._hooks("solver", self.policy))
-            for sch in self._schedulers():
+                                self.tokenizer.pad_token_id, self.optimizer_hooks("solver", self.policy))
+            for sch in self.lr_scheduler_list():
                 sch.step()
             self.score_step += 1
-            self._advance_global_step()
+            self.advance_global_step()
             self._stats = {"rollout_s": t1 - t0, "update_s": time.perf_counter() - t1, "rows": len(ro.solver),
                            "updates": upd.updates,
                            **_step_tokens([t.prompt_ids for t in ro.solver], [t.response_ids for t in ro.solver])}
@@ -185,7 +185,7 @@ def worker_trl(a) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from score_lightning import protocol as P
-    from score_lightning.models import load_tokenizer
+    from score_lightning.policy.models import load_tokenizer
 
     cfg = bc.compose(ours_overrides(a) + ["paths.output_dir=/tmp/unused"])
     malloc = bc.set_malloc(cfg)  # the same process-level allocator setting as ours

@@ -46,11 +46,11 @@ def _overrides(a, mode: str) -> list[str]:
 def worker(a) -> None:
     import torch
 
-    from score_lightning.batching import build_token_batch
-    from score_lightning.models import load_policy, load_reference, load_tokenizer
+    from score_lightning.step.batching import build_token_batch
+    from score_lightning.policy.models import load_policy, load_reference, load_tokenizer
     from score_lightning.paths import corpus_path
     from score_lightning.rollout.chat import encode_chat
-    from score_lightning.losses import group_advantages
+    from score_lightning.step.losses import group_advantages
     from score_lightning.rollout.trajectory import Trajectory
     from score_lightning.step.solver_update import GRPOSettings, OptimizerHooks, solver_update
 
@@ -110,7 +110,7 @@ def _objective(policy, batch, advantages, settings) -> float:
     objective is climbed). Its gain per update, at the same rate, is what the modes learn from one batch."""
     import torch
 
-    from score_lightning.batching import policy_logprobs
+    from score_lightning.step.batching import policy_logprobs
 
     was_training = policy.training
     policy.eval()

@@ -26,7 +26,7 @@ def build(cache_dir: Path | None) -> Path:
     from hydra import compose, initialize_config_dir
 
     from score_lightning.sft import run_sft
-    from score_lightning.training import resolve_model_path
+    from score_lightning.launch.training import resolve_model_path
 
     torch.set_num_threads(1)
     overrides = ["experiment=tiny_score", "sft.use_packaged=false"]

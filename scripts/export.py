@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run from a checkout, uninstalled
 
-from score_lightning.export import export_checkpoint  # noqa: E402
+from score_lightning.policy.export import export_checkpoint  # noqa: E402
 
 
 def main() -> int:

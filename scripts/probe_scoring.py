@@ -66,7 +66,7 @@ def main() -> int:
     from score_lightning.data.queries import load_queries
     from score_lightning.harness.scheduler import DimensionScheduler
     from score_lightning.harness.state import HarnessState
-    from score_lightning.models import load_policy, load_tokenizer
+    from score_lightning.policy.models import load_policy, load_tokenizer
     from score_lightning.retrieval.from_config import retriever_from_config
     from score_lightning.roles.prompts import rubric_messages
     from score_lightning.roles.rubric import fallback_rubric, parse_rubric
@@ -91,8 +91,8 @@ def main() -> int:
     ap.add_argument("overrides", nargs="*", help="Hydra overrides (default experiment=tiny_score)")
     args = ap.parse_args()
     cfg = _compose(["experiment=tiny_score", *args.overrides])
-    from score_lightning.cpu_memory import set_malloc_mmap_threshold
-    from score_lightning.training import resolve_model_arg
+    from score_lightning.policy.cpu_memory import set_malloc_mmap_threshold
+    from score_lightning.launch.training import resolve_model_arg
 
     set_malloc_mmap_threshold(cfg.trainer.get("malloc_mmap_threshold_mb"))
     args.model = resolve_model_arg(args.model, cfg.paths.cache_dir)

@@ -95,7 +95,7 @@ def instrument(meter: StageMeter) -> None:
     SU.chunked_logprobs = meter.wrap("  old/ref log-probs", SU.chunked_logprobs)
     plain, timed = SU.policy_logprobs, meter.wrap("  forward (grad)", SU.policy_logprobs)
     SU.policy_logprobs = lambda *a, **k: (timed if torch.is_grad_enabled() else plain)(*a, **k)  # no-grad: old/ref
-    score, hooks, training_step = M.ScoreModule.score, M.ScoreModule._hooks, M.ScoreModule.training_step
+    score, hooks, training_step = M.ScoreModule.score, M.ScoreModule.optimizer_hooks, M.ScoreModule.training_step
     M.ScoreModule.score = lambda self, ro: meter.wrap("scoring", score)(self, ro)
 
     def _hooks(self, phase, model):
@@ -103,7 +103,7 @@ def instrument(meter: StageMeter) -> None:
         h.backward, h.step = meter.wrap("  backward", h.backward), meter.wrap("  optimiser", h.step)
         return h
 
-    M.ScoreModule._hooks = _hooks
+    M.ScoreModule.optimizer_hooks = _hooks
 
     def step(self, batch, batch_idx):
         if not getattr(self.rubric_source, "_profiled", False):
@@ -143,7 +143,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=3, help="SCORE steps; the first is reported but not in the medians")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. experiment=smol_score")
     a = ap.parse_args()
-    from score_lightning.training import run
+    from score_lightning.launch.training import run
 
     print(bc.machine_line(), flush=True)
     meter = StageMeter()

@@ -19,7 +19,7 @@ EXIT_CONFIG = 2  # a refused config, checkpoint, unloadable model or unreachable
 @hydra.main(version_base="1.3", config_path=str(ROOT / "configs"), config_name="train")
 def main(cfg: DictConfig) -> None:
     from score_lightning.errors import ConfigError, ModelUnavailable, RetrieverUnavailable, TrainingHalted
-    from score_lightning.training import run  # light: torch and Lightning load after the config is validated
+    from score_lightning.launch.training import run  # light: torch and Lightning load after the config is validated
 
     try:
         run(cfg)

@@ -62,15 +62,15 @@ def bm25(corpus_file, cache_dir):
 
 @pytest.fixture(scope="session")
 def tiny_ckpt(corpus_file, cache_dir) -> Path:
-    from score_lightning.models import TinyModelSpec, ensure_tiny_checkpoint
-    from score_lightning.training import tokenizer_extra_texts
+    from score_lightning.policy.models import TinyModelSpec, ensure_tiny_checkpoint
+    from score_lightning.launch.training import tokenizer_extra_texts
 
     return ensure_tiny_checkpoint(cache_dir / "models", TinyModelSpec(), corpus_file, tokenizer_extra_texts())
 
 
 @pytest.fixture(scope="session")
 def tokenizer(tiny_ckpt):
-    from score_lightning.models import load_tokenizer
+    from score_lightning.policy.models import load_tokenizer
 
     return load_tokenizer(tiny_ckpt)
 
@@ -98,13 +98,13 @@ def llama_ckpt(cache_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def qwen_tokenizer(qwen_ckpt):
-    from score_lightning.models import load_tokenizer
+    from score_lightning.policy.models import load_tokenizer
 
     return load_tokenizer(qwen_ckpt)
 
 
 @pytest.fixture(scope="session")
 def llama_tokenizer(llama_ckpt):
-    from score_lightning.models import load_tokenizer
+    from score_lightning.policy.models import load_tokenizer
 
     return load_tokenizer(llama_ckpt)

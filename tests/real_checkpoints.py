@@ -24,7 +24,7 @@ import os
 import shutil
 from pathlib import Path
 
-from score_lightning.models import build_atomically
+from score_lightning.policy.models import build_atomically
 
 #: Meta-Llama-3-8B-Instruct's chat template (the header format that 3.1 keeps).
 LLAMA3_CHAT_TEMPLATE = (

@@ -162,7 +162,7 @@ def test_truncation_and_retrieval_failure(tokenizer):
 
 
 def test_real_hf_engine_agent_loop_keeps_generated_ids(tiny_ckpt, tokenizer, bm25):
-    from score_lightning.models import load_policy
+    from score_lightning.policy.models import load_policy
 
     torch.manual_seed(0)
     model = load_policy(tiny_ckpt)

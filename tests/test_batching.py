@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from score_lightning.batching import build_token_batch, policy_logprobs
-from score_lightning.losses import grpo_token_loss, reinforce_loss
-from score_lightning.models import load_policy
+from score_lightning.step.batching import build_token_batch, policy_logprobs
+from score_lightning.step.losses import grpo_token_loss, reinforce_loss
+from score_lightning.policy.models import load_policy
 
 
 def test_loss_mask_marks_exactly_model_response_tokens():

@@ -16,8 +16,8 @@ import time
 import pytest
 
 from helpers import ROOT, compose
-from score_lightning.budgets import check_budgets, longest_query, measure_scoring, widest_rubric, widest_state
-from score_lightning.config_validation import ConfigError, validate_config
+from score_lightning.launch.budgets import check_budgets, longest_query, measure_scoring, widest_rubric, widest_state
+from score_lightning.launch.config_validation import ConfigError, validate_config
 
 TINY = ["tiny_score", "rler_tiny", "given_tiny", "evorubric_tiny", "mams_tiny", "arco_tiny", "grpo_baseline"]
 
@@ -25,7 +25,7 @@ TINY = ["tiny_score", "rler_tiny", "given_tiny", "evorubric_tiny", "mams_tiny", 
 @pytest.mark.parametrize("experiment,kind", [("qwen_score", "qwen"), ("qwen_score_1gpu", "qwen"),
                                              ("llama_score", "llama")])
 def test_the_paper_recipes_fit_with_their_real_tokenizers(experiment, kind, qwen_ckpt, llama_ckpt):
-    from score_lightning.models import load_tokenizer
+    from score_lightning.policy.models import load_tokenizer
 
     ckpt = qwen_ckpt if kind == "qwen" else llama_ckpt
     cfg = compose([f"experiment={experiment}", f"model.name_or_path={ckpt}"])
@@ -55,8 +55,8 @@ def test_too_many_report_tokens_are_refused_by_the_cli_before_any_model_loads(tm
 def test_a_prompt_that_fits_only_without_its_overhead_is_refused_by_measurement(qwen_ckpt, monkeypatch, tmp_path):
     """8 x 1000 < 8192 passes the arithmetic; with ~680 tokens of query, rubric and template it does not fit.
     ``run`` refuses it after loading the tokenizer and before loading any model."""
-    import score_lightning.models as models
-    from score_lightning.training import run
+    import score_lightning.policy.models as models
+    from score_lightning.launch.training import run
 
     cfg = compose(["experiment=qwen_score", f"model.name_or_path={qwen_ckpt}", "evaluator.max_report_tokens=1000",
                    "retriever=bm25", f"paths.output_dir={tmp_path}"])
@@ -138,7 +138,7 @@ def test_given_rubrics_are_measured_from_their_file(tmp_path, tokenizer):
 def test_the_rubric_prompt_with_its_evidence_is_checked_against_the_same_cap(tokenizer, bm25):
     """D_q^0 with titles makes the rubric prompt grow with evaluator.rubric_queries x solver.topk: measured, and
     bounding what the step's own rubric stage builds from real BM25 evidence."""
-    from score_lightning.budgets import measure_rubric_prompt
+    from score_lightning.launch.budgets import measure_rubric_prompt
     from score_lightning.harness.scheduler import DimensionScheduler
     from score_lightning.rollout.chat import encode_chat
     from score_lightning.step.rollouts import initial_evidence

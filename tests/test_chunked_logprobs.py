@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from score_lightning.batching import build_token_batch, policy_logprobs
-from score_lightning.logprobs import fusable_head, head_logprobs
-from score_lightning.losses import entropy_from_logits, token_logprobs
-from score_lightning.models import load_policy
+from score_lightning.step.batching import build_token_batch, policy_logprobs
+from score_lightning.policy.logprobs import fusable_head, head_logprobs
+from score_lightning.step.losses import entropy_from_logits, token_logprobs
+from score_lightning.policy.models import load_policy
 
 TOL = 1e-5
 
@@ -182,7 +182,7 @@ def test_fused_path_never_materialises_rows_x_positions_x_vocab():
 
 def test_head_cross_entropy_equals_plain_values_gradients_and_accuracy():
     """SFT's chunked loss (logprobs.head_cross_entropy) against F.cross_entropy on materialised logits."""
-    from score_lightning.logprobs import head_cross_entropy
+    from score_lightning.policy.logprobs import head_cross_entropy
 
     torch.manual_seed(3)
     head = torch.nn.Linear(16, 300, bias=False)

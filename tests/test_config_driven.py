@@ -20,7 +20,7 @@ STEP = FAST + ["rollout=scripted", "solver.num_rollouts=2", "solver.max_response
 
 
 def _fit(out: Path, extra: list[str]):
-    from score_lightning.training import build_callbacks, run
+    from score_lightning.launch.training import build_callbacks, run
 
     cfg = compose(STEP + [f"paths.output_dir={out}"] + extra)
     names = sorted(type(c).__name__ for c in build_callbacks(cfg))
@@ -69,8 +69,8 @@ def test_tensorboard_histograms_and_score_layout(tmp_path, tiny_ckpt):
 
 
 def test_required_callbacks_are_refused_by_name(tmp_path):
-    from score_lightning.config_validation import ConfigError
-    from score_lightning.training import build_callbacks
+    from score_lightning.launch.config_validation import ConfigError
+    from score_lightning.launch.training import build_callbacks
 
     with pytest.raises(ConfigError, match="callbacks.preemption: required"):
         build_callbacks(compose(STEP + ["~callbacks.preemption"]))
@@ -79,7 +79,7 @@ def test_required_callbacks_are_refused_by_name(tmp_path):
 
 
 def test_ckpt_path_last_resumes_into_one_continuous_curve(tmp_path, tiny_ckpt):
-    from score_lightning.training import run
+    from score_lightning.launch.training import run
 
     common = STEP + [f"paths.log_dir={tmp_path}", "task_name=resume", "callbacks.model_checkpoint.every_n_steps=1"]
     run(compose(common + ["trainer.max_steps=2"]))

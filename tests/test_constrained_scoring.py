@@ -66,7 +66,7 @@ def test_grammar_accepts_what_the_parser_calls_valid(which, request):
 
 def test_random_model_held_to_the_grammar_writes_valid_evaluations(tiny_ckpt, tokenizer):
     """A random-weight model never writes the XML by itself; constrained, every row parses, under its own rubric."""
-    from score_lightning.models import load_policy
+    from score_lightning.policy.models import load_policy
 
     torch.manual_seed(0)
     model = load_policy(tiny_ckpt)
@@ -125,7 +125,7 @@ def test_packaged_cold_start_scores_every_report_pointwise_on_the_cli(tmp_path, 
 
 def test_free_text_caps_come_from_the_config_and_are_validated(tokenizer):
     from helpers import FAST, compose
-    from score_lightning.config_validation import ConfigError, validate_config
+    from score_lightning.launch.config_validation import ConfigError, validate_config
     from score_lightning.step.rollouts import RolloutSettings
 
     settings = RolloutSettings.from_cfg(compose(FAST))
@@ -166,7 +166,7 @@ def test_pointwise_scoring_under_the_grammar_parses_every_report(tiny_ckpt, toke
     sampled as one batch, each parse as a complete evaluation of its one report."""
     from helpers import FAST, compose
     from score_lightning.harness.state import HarnessState
-    from score_lightning.models import load_policy
+    from score_lightning.policy.models import load_policy
     from score_lightning.step.evaluations import group_evaluations
     from score_lightning.step.rollouts import RolloutSettings, scoring_rollouts
 

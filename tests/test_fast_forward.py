@@ -23,7 +23,7 @@ CAPS = {"think": 40, "query": 30, "section": 40, "reason": 12}
 
 
 def _setup(ckpt):
-    from score_lightning.models import load_policy, load_tokenizer
+    from score_lightning.policy.models import load_policy, load_tokenizer
 
     tok = load_tokenizer(ckpt)
     torch.manual_seed(0)

@@ -17,7 +17,7 @@ SCRIPTED = ["rollout=scripted", "solver.num_rollouts=3", "solver.max_response_to
 
 
 def _run(out: Path, extra: list[str]):
-    from score_lightning.training import run
+    from score_lightning.launch.training import run
 
     box = {}
     run(compose(FAST + SCRIPTED + [f"paths.output_dir={out}"] + extra), module_hook=lambda m: box.setdefault("m", m))

@@ -110,7 +110,7 @@ def long_passage_corpus(corpus_file, out) -> None:
 
 def test_qwen_score_at_full_budget_runs_one_step_and_every_evaluation_reaches_every_report(qwen_ckpt, corpus_file,
                                                                                            tmp_path):
-    from score_lightning.training import run
+    from score_lightning.launch.training import run
 
     long_passage_corpus(corpus_file, tmp_path / "corpus.jsonl")
     cfg = compose([

@@ -66,7 +66,7 @@ class BatchRecordingEngine(ScriptedEngine):
 
 
 def _run(tmp_path, overrides: list[str], respond) -> tuple[Recorder, BatchRecordingEngine]:
-    from score_lightning.training import run
+    from score_lightning.launch.training import run
 
     cfg = compose(FAST + [f"paths.output_dir={tmp_path}", "trainer.max_steps=1", "optim.warmup_steps=0",
                           "harness.every_n_steps=10", "verifier.min_search_depth=1", "evaluator.max_tool_calls=1",

@@ -27,7 +27,7 @@ def test_heldout_queries_are_never_trained_on(tiny_ckpt, tokenizer, bm25):
     served = {i for n in range(2 * len(train) // 4) for i in stream.batch(n)["id"]}
     assert served == {q.id for q in train}
     # the tiny tokenizer's extra training text holds no held-out question
-    from score_lightning.training import tokenizer_extra_texts
+    from score_lightning.launch.training import tokenizer_extra_texts
 
     assert not held_text & set(tokenizer_extra_texts())
     # no cold-start demonstration's prompt mentions a held-out question

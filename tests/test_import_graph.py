@@ -77,3 +77,19 @@ def test_no_import_cycles_in_the_package():
 
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_source_file_over_400_lines():
+    """A reader follows one module in one sitting: split a longer one by responsibility."""
+    long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 400}
+    assert long == {}
+
+
+def test_the_package_root_holds_at_most_14_modules():
+    """Modules are grouped by layer (launch/, policy/, step/, rollout/ ...); the root keeps the few that
+    every layer shares, so a newcomer finds "where is the model loaded" in a folder name."""
+    root = sorted(p.name for p in (SRC / "score_lightning").glob("*.py"))
+    assert len(root) <= 14, root
+    layers = {p.name for p in (SRC / "score_lightning").iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    assert {"launch", "policy", "step", "rollout", "roles", "rewards"} <= layers

@@ -34,7 +34,7 @@ def _plain_greedy(model, prompt: list[int], n: int, pad: int, eos: list[int]) ->
 
 
 def test_engine_with_shared_prefill_matches_plain_generate_per_row(tiny_ckpt, tokenizer):
-    from score_lightning.models import load_policy
+    from score_lightning.policy.models import load_policy
 
     model = load_policy(tiny_ckpt, "float32").eval()
     a = tokenizer("<think>the json module</think> reads", add_special_tokens=False)["input_ids"]
@@ -51,7 +51,7 @@ def test_engine_with_shared_prefill_matches_plain_generate_per_row(tiny_ckpt, to
     for p, g in zip(prompts, gens):
         assert g.token_ids == _plain_greedy(model, p, 12, tokenizer.pad_token_id, eos)
     # the recorded log-probs are those of the row's own tokens under the model
-    from score_lightning.batching import build_token_batch, policy_logprobs
+    from score_lightning.step.batching import build_token_batch, policy_logprobs
 
     batch = build_token_batch([a], [gens[0].token_ids], [[1] * len(gens[0].token_ids)], tokenizer.pad_token_id)
     with torch.no_grad():
@@ -61,7 +61,7 @@ def test_engine_with_shared_prefill_matches_plain_generate_per_row(tiny_ckpt, to
 
 
 def test_prefill_runs_each_distinct_prompt_once(tiny_ckpt):
-    from score_lightning.models import load_policy
+    from score_lightning.policy.models import load_policy
 
     model = load_policy(tiny_ckpt, "float32").eval()
     ids = torch.tensor([[0, 5, 6, 7], [9, 9, 9, 9], [0, 5, 6, 7]])
@@ -77,7 +77,7 @@ def test_multi_turn_rollouts_reuse_the_stored_prefix_and_match_recomputation(bm2
     gives (greedy), with the same recorded log-probs. The packaged cold start searches, so there are later turns."""
     from score_lightning.data.queries import load_queries
     from score_lightning.harness.state import HarnessState
-    from score_lightning.models import load_policy, load_tokenizer
+    from score_lightning.policy.models import load_policy, load_tokenizer
     from score_lightning.roles.prompts import solver_messages
     from score_lightning.roles.rubric import fallback_rubric
     from score_lightning.rollout.agent import AgentConfig, run_agent
@@ -111,7 +111,7 @@ def test_multi_turn_rollouts_reuse_the_stored_prefix_and_match_recomputation(bm2
 
 
 def test_prefix_store_is_dropped_when_the_weights_change(tiny_ckpt, tokenizer):
-    from score_lightning.models import load_policy
+    from score_lightning.policy.models import load_policy
 
     model = load_policy(tiny_ckpt, "float32")
     eng = HFEngine(lambda: model, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer, 64)
@@ -131,7 +131,7 @@ def test_prefix_store_is_dropped_when_the_weights_change(tiny_ckpt, tokenizer):
 def test_grouped_attention_equals_hf_sdpa(tiny_ckpt):
     from transformers import AutoModelForCausalLM
 
-    from score_lightning.models import load_policy
+    from score_lightning.policy.models import load_policy
 
     ours = load_policy(tiny_ckpt, "float32").eval()
     hf = AutoModelForCausalLM.from_pretrained(str(tiny_ckpt), dtype=torch.float32).eval()

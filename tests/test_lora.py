@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from helpers import FAST, compose, read_scalars
-from score_lightning.batching import build_token_batch, policy_logprobs
+from score_lightning.step.batching import build_token_batch, policy_logprobs
 
 LORA = ["model.lora.enabled=true", "model.lora.r=4", "model.lora.alpha=8"]
 #: the scripted engine (rewards vary within each group), two queries per step, KL to the reference on
@@ -36,7 +36,7 @@ class Snapshot(L.Callback):
 
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory, tiny_ckpt, corpus_file):
-    from score_lightning.training import run
+    from score_lightning.launch.training import run
 
     out = tmp_path_factory.mktemp("lora")
     snap, box = Snapshot(), {}
@@ -72,8 +72,8 @@ def test_only_adapters_train_and_the_base_stays_bitwise(lora_run, tiny_ckpt):
 
 
 def test_reference_is_the_base_model_without_a_second_copy(lora_run, tiny_ckpt):
-    from score_lightning.lora import ReferenceModel, adapters_disabled
-    from score_lightning.models import load_policy
+    from score_lightning.policy.lora import ReferenceModel, adapters_disabled
+    from score_lightning.policy.models import load_policy
 
     out, module, _ = lora_run
     # memory: the reference is a view of the policy, owning no parameters of its own
@@ -107,8 +107,8 @@ def test_merged_export_reloads_without_peft_and_the_adapter_with_it(lora_run, ti
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from score_lightning.lora import lora_layers
-    from score_lightning.models import load_policy
+    from score_lightning.policy.lora import lora_layers
+    from score_lightning.policy.models import load_policy
 
     out, module, _ = lora_run
     export = out / "export"
@@ -125,7 +125,7 @@ def test_merged_export_reloads_without_peft_and_the_adapter_with_it(lora_run, ti
 
 
 def test_export_script_rebuilds_the_lora_policy_from_its_checkpoint(lora_run, tmp_path):
-    from score_lightning.export import export_checkpoint
+    from score_lightning.policy.export import export_checkpoint
 
     out, _, _ = lora_run
     again = export_checkpoint(out / "checkpoints" / "last.ckpt", tmp_path / "again")
@@ -135,7 +135,7 @@ def test_export_script_rebuilds_the_lora_policy_from_its_checkpoint(lora_run, tm
 
 
 def test_merge_streams_base_names_and_refuses_unknown_lora_tensors():
-    from score_lightning.lora import merge_lora
+    from score_lightning.policy.lora import merge_lora
 
     w, a, b = torch.randn(3, 4), torch.randn(2, 4), torch.randn(3, 2)
     named = [("l.q.base_layer.weight", w), ("l.q.base_layer.bias", torch.ones(3)), ("l.q.lora_A.default.weight", a),
@@ -151,8 +151,8 @@ def test_merge_streams_base_names_and_refuses_unknown_lora_tensors():
 
 def test_adapters_train_under_gradient_checkpointing_and_keep_their_flags(tiny_ckpt):
     """The 7B preset checkpoints activations; a frozen adapter stays frozen after a reference forward."""
-    from score_lightning.lora import ReferenceModel
-    from score_lightning.models import load_policy
+    from score_lightning.policy.lora import ReferenceModel
+    from score_lightning.policy.models import load_policy
 
     policy = load_policy(tiny_ckpt, "float32", gradient_checkpointing=True,
                          lora={"enabled": True, "r": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]})
@@ -168,7 +168,7 @@ def test_adapters_train_under_gradient_checkpointing_and_keep_their_flags(tiny_c
 
 
 def test_lora_config_is_validated_and_a_separate_evaluator_refused_by_name():
-    from score_lightning.config_validation import ConfigError, validate_config
+    from score_lightning.launch.config_validation import ConfigError, validate_config
 
     validate_config(compose(FAST + LORA))
     cfg = compose(FAST + ["model.lora.enabled=true", "model.lora.r=0", "model.lora.target_modules=[]",

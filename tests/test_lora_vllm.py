@@ -27,7 +27,7 @@ LORA = {"enabled": True, "r": 4, "alpha": 8, "target_modules": "all-linear", "dr
 
 def test_greedy_after_sync_equals_the_hf_lora_policy(engine, tiny_ckpt, tokenizer):
     from score_lightning.callbacks.vllm_rollout import VLLMRolloutCallback
-    from score_lightning.models import load_policy
+    from score_lightning.policy.models import load_policy
     from score_lightning.rollout.engine import SamplingParams
 
     policy = load_policy(tiny_ckpt, "float32", lora=LORA).eval()

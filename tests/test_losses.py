@@ -1,4 +1,4 @@
-"""Tests for score_lightning.losses against numbers worked out by hand."""
+"""Tests for score_lightning.step.losses against numbers worked out by hand."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from score_lightning.losses import (
+from score_lightning.step.losses import (
     clipped_surrogate,
     entropy_from_logits,
     group_advantages,

@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 import score_lightning.rollout.hf_engine as H
-from score_lightning.batching import build_token_batch, policy_logprobs
+from score_lightning.step.batching import build_token_batch, policy_logprobs
 from score_lightning.rollout.engine import SamplingParams
 
 VOCAB = 49152
@@ -54,7 +54,7 @@ def _model(layers: int, gradient_checkpointing: bool = False) -> LlamaForCausalL
                       max_position_embeddings=2048, pad_token_id=0, eos_token_id=2, attn_implementation="sdpa")
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg)
-    from score_lightning.attention import use_grouped_attention
+    from score_lightning.policy.attention import use_grouped_attention
 
     use_grouped_attention(model)
     if gradient_checkpointing:
@@ -114,7 +114,7 @@ def test_malloc_threshold_returns_freed_blocks_to_the_system():
     default keeps them on the heap once it has raised its threshold."""
     code = r"""
 import sys, psutil, torch
-from score_lightning.cpu_memory import set_malloc_mmap_threshold
+from score_lightning.policy.cpu_memory import set_malloc_mmap_threshold
 if sys.argv[1] == "fixed":
     assert set_malloc_mmap_threshold(4)
 rss = lambda: psutil.Process().memory_info().rss / 2**20
@@ -138,7 +138,7 @@ print(round(base - rss()))
 def test_gradient_checkpointing_is_active_in_training_and_after_rollouts(tiny_ckpt, tokenizer):
     """``model.gradient_checkpointing=true`` recomputes every layer: HF checkpoints only in training mode, which
     from_pretrained does not set and Lightning does not either; generation switches to eval and back."""
-    from score_lightning.models import load_policy
+    from score_lightning.policy.models import load_policy
 
     model = load_policy(tiny_ckpt, "float32", gradient_checkpointing=True)
     calls = []

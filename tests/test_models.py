@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from score_lightning import protocol as P
-from score_lightning.models import TinyModelSpec, build_tiny_model, ensure_tiny_checkpoint
+from score_lightning.policy.models import TinyModelSpec, build_tiny_model, ensure_tiny_checkpoint
 
 
 def test_saved_tokenizer_round_trips_exactly(tiny_ckpt):

@@ -23,7 +23,7 @@ NAMED_SCALARS = [
 
 
 def _run(tmp: Path, extra: list[str]):
-    from score_lightning.training import run
+    from score_lightning.launch.training import run
 
     cfg = compose(FAST + [f"paths.output_dir={tmp}"] + extra)
     return run(cfg)
@@ -87,7 +87,7 @@ def test_frozen_solver_and_static_rubric_leave_weights(tmp_path, tiny_ckpt, corp
 
 
 def test_bad_config_refused_by_name(tmp_path):
-    from score_lightning.config_validation import ConfigError, validate_config
+    from score_lightning.launch.config_validation import ConfigError, validate_config
 
     cfg = compose(FAST + ["solver.num_rollouts=1", "harness.initial_state.dimension_constraints.weight_min=0.7",
                           "retriever.corpus_path=/nonexistent.jsonl"])

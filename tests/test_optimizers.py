@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from helpers import compose
-from score_lightning.batching import build_token_batch, policy_logprobs
-from score_lightning.optimizers import build_optimizers, loss_alpha, warmup_factor
+from score_lightning.step.batching import build_token_batch, policy_logprobs
+from score_lightning.step.optimizers import build_optimizers, loss_alpha, warmup_factor
 from score_lightning.roles.rubric import Rubric
 from score_lightning.step.evaluator_update import ReinforceSettings, evaluator_update
 from score_lightning.step.faults import guarded_step
@@ -61,7 +61,7 @@ def _moments(opt) -> list[torch.Tensor]:
 
 
 def test_a_reinforce_step_leaves_the_solver_adam_moments_unchanged(tiny_ckpt, tokenizer):
-    from score_lightning.models import load_policy
+    from score_lightning.policy.models import load_policy
 
     cfg = _cfg()
     policy = load_policy(tiny_ckpt)
@@ -91,7 +91,7 @@ def test_a_reinforce_step_leaves_the_solver_adam_moments_unchanged(tiny_ckpt, to
 
 
 def _first_step_change(tiny_ckpt, tok, *extra: str) -> torch.Tensor:
-    from score_lightning.models import load_policy
+    from score_lightning.policy.models import load_policy
 
     cfg = _cfg(*extra)
     policy = load_policy(tiny_ckpt)
@@ -117,7 +117,7 @@ def test_alpha_enters_the_loss_only_with_the_shared_optimiser():
 
 
 def test_separate_evaluator_and_frozen_solver_get_the_right_optimisers(tiny_ckpt):
-    from score_lightning.models import load_policy
+    from score_lightning.policy.models import load_policy
 
     cfg = compose(["actor.shared=false", "evaluator.alpha=0.5", "optim.weight_decay=0.01"])
     policy, judge = load_policy(tiny_ckpt), load_policy(tiny_ckpt)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from score_lightning import preflight
+from score_lightning.launch import preflight
 from score_lightning.errors import ConfigError, ModelUnavailable
-from score_lightning.preflight import check_model_source, missing_package, require_package
+from score_lightning.launch.preflight import check_model_source, missing_package, require_package
 
 REPO = "SomeOrg/Some-Model-0.5B"
 
@@ -140,7 +140,7 @@ def test_hub_offline_reads_both_variables(monkeypatch):
 def test_a_chat_template_file_that_does_not_exist_is_refused_before_loading():
     from helpers import compose
 
-    from score_lightning.config_validation import validate_config
+    from score_lightning.launch.config_validation import validate_config
 
     with pytest.raises(ConfigError, match=r"model\.chat_template='/no/such/template\.jinja': neither a Jinja template nor a file"):
         validate_config(compose(["experiment=tiny_score", "model.chat_template=/no/such/template.jinja"]))

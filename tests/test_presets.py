@@ -14,7 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from helpers import compose
-from score_lightning.config_validation import ConfigError, sft_enabled, validate_config
+from score_lightning.launch.config_validation import ConfigError, sft_enabled, validate_config
 
 #: Table 2 of the paper, as config keys: the same values for both base models
 TABLE2 = {
@@ -172,7 +172,7 @@ def test_sft_pretrained_preset_turns_the_cold_start_on_with_fine_tuning_settings
 
 def test_maybe_run_sft_skips_the_cold_start_for_a_pretrained_checkpoint(monkeypatch):
     import score_lightning.sft as sft_pkg
-    from score_lightning.training import maybe_run_sft
+    from score_lightning.launch.training import maybe_run_sft
 
     def boom(cfg, path):
         raise AssertionError("the tiny model's cold start ran on a pretrained checkpoint")
@@ -187,7 +187,7 @@ def test_sft_pretrained_runs_on_a_real_tokenizer_checkpoint(tmp_path: Path, qwen
     responses-only loss, saved where RL loads it."""
     import json
 
-    from score_lightning.models import load_tokenizer
+    from score_lightning.policy.models import load_tokenizer
     from score_lightning.sft import run_sft
     from score_lightning.sft.cache import META_FILE
 

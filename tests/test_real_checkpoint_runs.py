@@ -29,7 +29,7 @@ TURN_END = {"qwen": "<|im_end|>", "llama": "<|eot_id|>"}
 
 
 def _two_steps(ckpt: Path, out: Path) -> tuple[dict, object]:
-    from score_lightning.training import run
+    from score_lightning.launch.training import run
 
     box: dict = {}
     cfg = compose(FAST + BUDGETS + [f"model.name_or_path={ckpt}", "trainer.max_steps=2", f"paths.output_dir={out}"])
@@ -67,7 +67,7 @@ def test_two_score_steps_use_the_checkpoint_conventions(kind, request, tmp_path)
 
 def test_export_reloads_with_identical_logits(qwen_ckpt, tmp_path):
     """``ScoreModule.export_policy`` of a real-tokenizer checkpoint reloads in HF: same logits, same tokenizer."""
-    from score_lightning.models import load_policy, load_tokenizer
+    from score_lightning.policy.models import load_policy, load_tokenizer
     from score_lightning.module import ScoreModule
 
     cfg = compose(FAST + BUDGETS + [f"model.name_or_path={qwen_ckpt}", f"paths.output_dir={tmp_path}"])

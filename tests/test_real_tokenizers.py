@@ -16,7 +16,7 @@ import torch
 from chain_models import ANSWER_TURN, SEARCH_TURN, OneDoc, bigram_chain_model, chat_prompt, search_then_answer
 from real_checkpoints import LLAMA3_CHAT_TEMPLATE, tokenizer_source
 from score_lightning import protocol as P
-from score_lightning.models import end_of_turn_ids, load_policy, load_tokenizer
+from score_lightning.policy.models import end_of_turn_ids, load_policy, load_tokenizer
 from score_lightning.roles.answer import parse_answer
 from score_lightning.rollout.agent import AgentConfig, TagStops, run_agent
 from score_lightning.rollout.engine import SamplingParams
@@ -71,7 +71,7 @@ def test_tokenizer_with_silently_empty_ids_is_refused(tokenizer, monkeypatch):
         def __call__(self, text, **kw):
             return {"input_ids": []}
 
-    monkeypatch.setattr("score_lightning.models.AutoTokenizer.from_pretrained", lambda path: Broken())
+    monkeypatch.setattr("score_lightning.policy.models.AutoTokenizer.from_pretrained", lambda path: Broken())
     with pytest.raises(RuntimeError, match="does not round-trip"):
         load_tokenizer("any")
 

@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch import Callback
 
 from helpers import FAST, ROOT, compose, read_scalars
-from score_lightning.checkpoint_io import CheckpointError, atomic_torch_save, validate_checkpoint
+from score_lightning.policy.checkpoint_io import CheckpointError, atomic_torch_save, validate_checkpoint
 
 
 def _free_port() -> int:
@@ -25,7 +25,7 @@ def _free_port() -> int:
 
 
 def _run(out: Path, extra: list[str], **kw):
-    from score_lightning.training import run
+    from score_lightning.launch.training import run
 
     return run(compose(FAST + [f"paths.output_dir={out}"] + extra), **kw)
 
@@ -104,7 +104,7 @@ def test_nan_gradient_skips_update_without_touching_weights(tmp_path, tiny_ckpt)
 
 
 def test_repeated_nans_stop_the_run_with_a_checkpoint(tmp_path, tiny_ckpt):
-    from score_lightning.module import TrainingHalted
+    from score_lightning.errors import TrainingHalted
 
     out = tmp_path / "nan_halt"
     with pytest.raises(TrainingHalted, match="consecutive non-finite updates"):
@@ -144,7 +144,7 @@ def _start_server(port: int, corpus: Path, index_dir: Path) -> subprocess.Popen:
 
 
 def test_retrieval_server_killed_mid_run(tmp_path, tiny_ckpt, corpus_file, cache_dir):
-    from score_lightning.module import TrainingHalted
+    from score_lightning.errors import TrainingHalted
 
     port = _free_port()
     server = _start_server(port, corpus_file, cache_dir / "bm25")

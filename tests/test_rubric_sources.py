@@ -108,7 +108,7 @@ def test_binary_checklist_scoring(tmp_path):
     ('{"id": 1, "other": 2}', "neither a DRB criteria line"),
 ])
 def test_malformed_rubric_files_are_refused_with_file_and_line(tmp_path, line, message):
-    from score_lightning.config_validation import ConfigError, validate_config
+    from score_lightning.launch.config_validation import ConfigError, validate_config
 
     f = _write(tmp_path / "bad.jsonl", ['{"id": 0, "rubrics": [{"text": "fine", "weight": 1}]}', line])
     with pytest.raises(ConfigError) as err:
@@ -117,7 +117,7 @@ def test_malformed_rubric_files_are_refused_with_file_and_line(tmp_path, line, m
 
 
 def test_malformed_preferences_are_refused_with_file_and_line(tmp_path):
-    from score_lightning.config_validation import ConfigError, validate_config
+    from score_lightning.launch.config_validation import ConfigError, validate_config
 
     f = _write(tmp_path / "p.jsonl", ['{"id": 1, "prompt": "q", "chosen": "a", "rejected": "b"}',
                                       '{"id": 2, "prompt": "q", "chosen": ""}'])

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from helpers import FAST, compose
-from score_lightning.batching import build_token_batch, policy_logprobs
+from score_lightning.step.batching import build_token_batch, policy_logprobs
 from score_lightning.data.datamodule import QueryStream
 from score_lightning.data.queries import load_queries
 from score_lightning.rollout.scripted import ScriptedEngine, ScriptRequest
@@ -104,7 +104,7 @@ def _hook(probe: Probe):
 
 @pytest.fixture(scope="module")
 def two_steps(tmp_path_factory, tiny_ckpt, corpus_file):
-    from score_lightning.training import run
+    from score_lightning.launch.training import run
 
     overrides = FAST + [
         f"paths.output_dir={tmp_path_factory.mktemp('step')}", "trainer.max_steps=2", "data.batch_size=2",

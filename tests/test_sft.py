@@ -247,7 +247,7 @@ def _cfg(tmp_path: Path, corpus_file: Path, cache_dir: Path, **sft):
 def test_shared_prompt_loss_and_gradients_equal_separate_rows(demos, tiny_ckpt, tokenizer, checkpointing):
     """Also under gradient checkpointing (every real model's setting), where HF drops a key/value cache
     inside the checkpointed layers: the earlier shared path trained the responses without their prompt."""
-    from score_lightning.models import load_policy
+    from score_lightning.policy.models import load_policy
     from score_lightning.sft.module import SFTModule, group_demos
 
     model = load_policy(tiny_ckpt, gradient_checkpointing=checkpointing)
@@ -270,7 +270,7 @@ def test_shared_prompt_loss_and_gradients_equal_separate_rows(demos, tiny_ckpt, 
 
 
 def test_sft_training_lowers_the_loss_on_a_fixed_batch(tmp_path, tiny_ckpt, tokenizer, bm25, corpus_file, cache_dir):
-    from score_lightning.models import load_policy
+    from score_lightning.policy.models import load_policy
     from score_lightning.sft.module import collate_demos, masked_lm_loss
     from score_lightning.sft.train import build_sft_demos, train_sft
 
@@ -297,7 +297,7 @@ def test_sft_training_lowers_the_loss_on_a_fixed_batch(tmp_path, tiny_ckpt, toke
 def test_run_sft_caches_by_inputs_and_keeps_the_rng(tmp_path, tiny_ckpt, corpus_file, cache_dir, monkeypatch):
     import score_lightning.sft.run as R
     from helpers import read_scalars
-    from score_lightning.models import load_tokenizer
+    from score_lightning.policy.models import load_tokenizer
     from score_lightning.sft import run_sft
     from score_lightning.sft.cache import META_FILE, sft_output_path
     from score_lightning.sft.demos import DEMO_VERSION

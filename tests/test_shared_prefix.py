@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from score_lightning.attention import use_grouped_attention
-from score_lightning.batching import build_token_batch, policy_logprobs
-from score_lightning.shared_prefix import pack_group, prompt_groups
+from score_lightning.policy.attention import use_grouped_attention
+from score_lightning.step.batching import build_token_batch, policy_logprobs
+from score_lightning.policy.shared_prefix import pack_group, prompt_groups
 
 
 def _model(attn: str, checkpointing: bool) -> LlamaForCausalLM:
@@ -72,7 +72,7 @@ def test_flash_attention_models_take_the_padded_path():
     batch = _batch()
     model = _model("sdpa", False)
     model.config._attn_implementation = "flash_attention_2"  # no custom 4D mask: must not pack
-    from score_lightning.batching import _shared_prompt_logprobs
+    from score_lightning.step.batching import _shared_prompt_logprobs
 
     assert _shared_prompt_logprobs(model, batch, 1.0, False, False, True, None) is None
 
@@ -141,7 +141,7 @@ def test_solver_update_with_packed_prompts_makes_the_same_update():
 
 def test_lora_policy_and_its_reference_view_pack_the_same():
     """A LoRA policy and its parameter-less reference view (adapters off) take the packed path too."""
-    from score_lightning.lora import ReferenceModel, apply_lora
+    from score_lightning.policy.lora import ReferenceModel, apply_lora
 
     batch = _batch()
     policy = apply_lora(_model("score_sdpa", True), {"enabled": True, "r": 4, "alpha": 8,

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from score_lightning.batching import build_token_batch
+from score_lightning.step.batching import build_token_batch
 from score_lightning.retrieval.base import SearchHit
 from score_lightning.roles import mams_prompts as M
 from score_lightning.roles.step_judge import StepJudgeError, judgement_train_mask, parse_step_judgement
@@ -186,7 +186,7 @@ def test_mams_state_and_report_parsers():
 ])
 def test_workflow_keys_are_validated_by_name(override, key):
     from helpers import compose
-    from score_lightning.config_validation import ConfigError, validate_config
+    from score_lightning.launch.config_validation import ConfigError, validate_config
 
     extra = ["reward.step=rubric"] if override.startswith("reward.step_") else []
     cfg = compose(["experiment=mams_tiny", *extra, override])

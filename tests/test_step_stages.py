@@ -12,7 +12,7 @@ import torch
 from helpers import FAST, compose
 from score_lightning import protocol as P
 from score_lightning.harness.state import HarnessState
-from score_lightning.losses import grpo_token_loss
+from score_lightning.step.losses import grpo_token_loss
 from score_lightning.roles.answer import parse_answer
 from score_lightning.roles.evaluation import parse_evaluation
 from score_lightning.roles.evidence import EvidenceDoc
@@ -238,7 +238,7 @@ def test_step_scalars_pool_and_report_nothing_measured_as_nan():
 
 # ----------------------------------------------------------------------------- config switches
 def test_frozen_solver_with_shared_actor_is_refused_by_name():
-    from score_lightning.config_validation import ConfigError, validate_config
+    from score_lightning.launch.config_validation import ConfigError, validate_config
 
     with pytest.raises(ConfigError, match="solver.freeze=true: with actor.shared=true"):
         validate_config(compose(FAST + ["solver.freeze=true"]))
@@ -264,7 +264,7 @@ def test_rule_harness_is_built_from_the_configured_state():
 
 
 def test_scoring_temperature_defaults_to_the_evaluator_temperature_and_is_validated():
-    from score_lightning.config_validation import ConfigError, validate_config
+    from score_lightning.launch.config_validation import ConfigError, validate_config
     from score_lightning.step.rollouts import RolloutSettings
 
     base = RolloutSettings.from_cfg(compose(FAST))

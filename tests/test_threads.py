@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from helpers import compose
-from score_lightning import threads as T
-from score_lightning.threads import apply_threads, local_processes, plan_threads, usable_cores
+from score_lightning.launch import threads as T
+from score_lightning.launch.threads import apply_threads, local_processes, plan_threads, usable_cores
 
 
 @pytest.mark.parametrize("cores, procs, runs, expected", [
@@ -63,11 +63,11 @@ def test_apply_sets_torch_and_the_environment_and_logs_once(monkeypatch, caplog)
     monkeypatch.setattr(T, "usable_cores", lambda: 4)
     before = torch.get_num_threads()
     try:
-        with caplog.at_level(logging.INFO, logger="score_lightning.threads"):
+        with caplog.at_level(logging.INFO, logger="score_lightning.launch.threads"):
             plan = apply_threads(compose(["threads.runs=2"]))
         assert plan.threads == 2 and torch.get_num_threads() == 2
         assert os.environ["OMP_NUM_THREADS"] == "2" and os.environ["RAYON_NUM_THREADS"] == "2"  # DDP ranks inherit
-        lines = [r.getMessage() for r in caplog.records if r.name == "score_lightning.threads"]
+        lines = [r.getMessage() for r in caplog.records if r.name == "score_lightning.launch.threads"]
         assert lines == ["CPU threads per process: 2 (threads.num=auto: 4 usable cores / 1 local process / "
                          "threads.runs=2)"]
         # a second run in the same process recomputes from its own config, not from the exported value
@@ -80,7 +80,7 @@ def test_apply_sets_torch_and_the_environment_and_logs_once(monkeypatch, caplog)
 
 
 def test_bad_thread_settings_are_refused_by_name():
-    from score_lightning.config_validation import ConfigError, validate_config
+    from score_lightning.launch.config_validation import ConfigError, validate_config
 
     with pytest.raises(ConfigError) as err:
         validate_config(compose(["experiment=tiny_score", "threads.num=0", "threads.runs=many"]))

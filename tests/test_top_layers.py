@@ -8,9 +8,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from helpers import compose
-from score_lightning.batching import build_token_batch, policy_logprobs
-from score_lightning.config_validation import ConfigError, validate_config
-from score_lightning.top_layers import TopLayersReference, train_top_layers
+from score_lightning.step.batching import build_token_batch, policy_logprobs
+from score_lightning.launch.config_validation import ConfigError, validate_config
+from score_lightning.policy.top_layers import TopLayersReference, train_top_layers
 
 
 def _model() -> LlamaForCausalLM:
@@ -88,7 +88,7 @@ def _update(reuse: bool, share_prompt: bool):
     layer computed (its MLP ran)."""
     from score_lightning.rollout.trajectory import Trajectory
     from score_lightning.step.solver_update import GRPOSettings, OptimizerHooks, solver_update
-    from score_lightning.top_layers import reuse_frozen_bottom
+    from score_lightning.policy.top_layers import reuse_frozen_bottom
 
     model = _model()
     train_top_layers(model, 2)
@@ -136,7 +136,7 @@ def test_reusing_the_frozen_bottom_changes_nothing_but_its_runs(share_prompt):
 
 def test_generation_inside_the_block_is_not_replayed():
     """A forward with a KV cache (decoding) never records or replays: greedy ids equal those outside the block."""
-    from score_lightning.top_layers import reuse_frozen_bottom
+    from score_lightning.policy.top_layers import reuse_frozen_bottom
 
     model = _model().eval()
     train_top_layers(model, 1)
@@ -156,7 +156,7 @@ def test_two_steps_with_reuse_export_the_weights_of_two_steps_without(tmp_path, 
 
     from helpers import FAST
     from score_lightning import module as M
-    from score_lightning.training import run
+    from score_lightning.launch.training import run
 
     seen: list[dict] = []
     real = M.update_scope

@@ -17,7 +17,7 @@ import torch
 from chain_models import bigram_chain_model
 from helpers import FAST, ROOT, read_scalars
 from score_lightning import protocol as P
-from score_lightning.fsdp import iter_full_params
+from score_lightning.policy.fsdp import iter_full_params
 from score_lightning.rollout.engine import SamplingParams
 from vllm_fixtures import (  # sets the engine's environment before vllm is imported (at test setup)
     check_greedy_matches_hf_after_sync, engine_fixture, hf_engine, hf_model_fixture,
@@ -70,7 +70,7 @@ def test_generates_with_logprobs_stop_ids_and_stop_strings(engine, hf_model, tok
 
 def test_sampled_logprobs_match_trainer_logprobs(engine, hf_model, tokenizer):
     """Engine logprobs are temperature-scaled like the trainer's, so the mismatch metric is ~0 in fp32."""
-    from score_lightning.batching import build_token_batch, policy_logprobs
+    from score_lightning.step.batching import build_token_batch, policy_logprobs
     from score_lightning.callbacks.vllm_rollout import logprob_mismatch
     from score_lightning.rollout.trajectory import Trajectory
 

@@ -13,7 +13,7 @@ import pytest
 
 from chain_models import ANSWER_TURN, SEARCH_TURN, OneDoc, bigram_chain_model, chat_prompt, search_then_answer
 from score_lightning import protocol as P
-from score_lightning.fsdp import iter_full_params
+from score_lightning.policy.fsdp import iter_full_params
 from score_lightning.rollout.engine import SamplingParams
 from vllm_fixtures import (  # sets the engine's environment before vllm is imported (at test setup)
     check_greedy_matches_hf_after_sync, engine_fixture, hf_engine, hf_model_fixture,

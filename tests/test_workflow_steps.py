@@ -82,7 +82,7 @@ def script(req: ScriptRequest) -> str:
 def _one_step(tmp_path, extra: list[str]) -> dict:
     from score_lightning import module as module_py
     from score_lightning.step import solver_update as solver_py
-    from score_lightning.training import run
+    from score_lightning.launch.training import run
 
     seen: dict = {"dense": [], "evaluator": []}
     cfg = compose(FAST + [

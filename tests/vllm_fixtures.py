@@ -39,7 +39,7 @@ def hf_model_fixture(ckpt_fixture: str):
 
     @pytest.fixture()
     def hf_model(request):
-        from score_lightning.models import load_policy
+        from score_lightning.policy.models import load_policy
 
         return load_policy(request.getfixturevalue(ckpt_fixture), "float32").eval()
 
@@ -62,7 +62,7 @@ def check_greedy_matches_hf_after_sync(engine, model, tokenizer, prompts: list[l
 
     import torch
 
-    from score_lightning.fsdp import iter_full_params
+    from score_lightning.policy.fsdp import iter_full_params
     from score_lightning.rollout.engine import SamplingParams
 
     hf = hf_engine(model, tokenizer)

@@ -10,6 +10,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+#: ``configs/`` of the checkout this package runs from (scripts compose presets from it)
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+
 
 def corpus_path(cfg: DictConfig) -> Path:
     """The BM25 corpus file: ``retriever.corpus_path`` when set, else the stdlib corpus cached under ``paths.cache_dir``."""

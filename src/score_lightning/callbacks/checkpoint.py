@@ -8,7 +8,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 class ScoreCheckpoint(ModelCheckpoint):
     """A ``ModelCheckpoint`` that keeps ``last.ckpt`` current.
 
-    ``global_step`` equals the SCORE step (see ``ScoreModule._advance_global_step``), so
+    ``global_step`` equals the SCORE step (see ``ScoreModule.advance_global_step``), so
     ``every_n_train_steps`` counts SCORE steps. The final state is also saved when fit ends on a
     step that is not a multiple of N, so a finished run always resumes from its real end.
     Writes are atomic (see ``checkpoint_io.AtomicCheckpointIO``).

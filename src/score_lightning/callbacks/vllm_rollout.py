@@ -44,7 +44,7 @@ from typing import Any, Sequence
 import torch
 from lightning.pytorch import Callback
 
-from score_lightning.lora import iter_merged_params
+from score_lightning.policy.lora import iter_merged_params
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ _ENGINE_KEYS = ("dtype", "gpu_memory_utilization", "tensor_parallel_size", "max_
 def logprob_mismatch(trajs: Sequence, trainer_lp: torch.Tensor) -> float | None:
     """Mean |engine - trainer| logprob over model-written response tokens.
 
-    ``trainer_lp`` is ``[N, L-1]`` in :func:`~score_lightning.batching.build_token_batch` layout
+    ``trainer_lp`` is ``[N, L-1]`` in :func:`~score_lightning.step.batching.build_token_batch` layout
     (position ``len(prompt) - 1 + j`` scores response token ``j``), computed on the weights that
     sampled ``trajs``. Trajectories without one engine logprob per response token are skipped.
     Returns None when nothing is comparable.

@@ -38,7 +38,7 @@ def _vllm_max_model_len(cfg: GenerateConfig, prompt_budget: int = 8192) -> int:
 def build_engine(cfg: GenerateConfig, tokenizer):
     """The rollout engine named by ``cfg.engine`` over the checkpoint at ``cfg.model``."""
     if cfg.engine == "hf":
-        from score_lightning.models import load_policy
+        from score_lightning.policy.models import load_policy
         from score_lightning.rollout.hf_engine import HFEngine
 
         device = _resolve_device(cfg.device)

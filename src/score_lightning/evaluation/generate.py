@@ -108,7 +108,7 @@ def generate_articles(
 
     torch.manual_seed(cfg.seed)
     if tokenizer is None:
-        from score_lightning.models import load_tokenizer
+        from score_lightning.policy.models import load_tokenizer
 
         tokenizer = load_tokenizer(cfg.model, chat_template=cfg.chat_template)
     own_engine = engine is None

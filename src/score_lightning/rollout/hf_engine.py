@@ -47,7 +47,7 @@ class HFEngine:
     def __init__(self, model_getter: Callable[[], nn.Module], pad_token_id: int, eos_token_id: int | Sequence[int],
                  tokenizer=None, max_batch_size: int = 64, collective: bool = False, fast_forward: bool = True,
                  fast_forward_tokens: int = 16):
-        from score_lightning.models import end_of_turn_ids
+        from score_lightning.policy.models import end_of_turn_ids
 
         self._model_getter = model_getter
         self.pad_token_id = pad_token_id

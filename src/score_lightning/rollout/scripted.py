@@ -122,7 +122,7 @@ class ScriptedEngine:
         """Stop where a sampler would (:func:`~score_lightning.rollout.stops.first_stop`): after the first
         stop id / end-of-turn id, or at the token completing a stop string, keeping that whole token
         (``>\n`` when the reply goes on after the tag); then the budget."""
-        from score_lightning.models import end_of_turn_ids
+        from score_lightning.policy.models import end_of_turn_ids
 
         stops = (*params.stop_token_ids, *end_of_turn_ids(self.tok))
         n = first_stop(ids, self.tok.decode, stops, params.stop_strings)

@@ -26,7 +26,7 @@ class TagStops:
     """
 
     def __init__(self, tokenizer, tags: Sequence[str]):
-        from score_lightning.models import end_of_turn_ids
+        from score_lightning.policy.models import end_of_turn_ids
 
         ids, strings = [], []
         for tag in tags:

@@ -24,10 +24,10 @@ from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Sampler
 
-from score_lightning.batching import TokenBatch, build_token_batch
-from score_lightning.logprobs import fusable_head, head_cross_entropy
+from score_lightning.step.batching import TokenBatch, build_token_batch
+from score_lightning.policy.logprobs import fusable_head, head_cross_entropy
 from score_lightning.sft.demo_types import Demo
-from score_lightning.shared_prefix import mask_form, pack_group
+from score_lightning.policy.shared_prefix import mask_form, pack_group
 
 
 # ---------------------------------------------------------------------------- data
@@ -137,7 +137,7 @@ def group_token_losses(model: nn.Module, group: DemoGroup, pad_id: int, shared_p
                        with_prompt: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
     """Per-token cross-entropy and correctness for one group's trained tokens (+ prompt LM losses).
 
-    Shared path: the prompt and all R responses as one packed row (:mod:`score_lightning.shared_prefix`:
+    Shared path: the prompt and all R responses as one packed row (:mod:`score_lightning.policy.shared_prefix`:
     each response sees the prompt and itself, at its own positions), one forward; a response token is
     predicted at the prompt's last position or its predecessor's. Reference path: R separate padded rows.
     (A repeated key/value cache of the prompt, the earlier shared path, is dropped by HF inside

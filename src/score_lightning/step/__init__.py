@@ -14,4 +14,8 @@ In the order ``ScoreModule.training_step`` calls them (Algorithm 1 of the paper)
 5. :mod:`~score_lightning.step.evaluator_reward` and :mod:`~score_lightning.step.evaluator_update`
    - the consistency reward, its EMA-centred advantage and Phase 2, REINFORCE on the rubric tokens;
 6. :mod:`~score_lightning.step.scalars` - everything logged, reduced across data-parallel ranks.
+
+The update maths the stages share sits beside them: :mod:`~score_lightning.step.losses` (GRPO and
+REINFORCE as pure tensor functions), :mod:`~score_lightning.step.batching` (PPO mini/micro batches
+with an exact global token mean) and :mod:`~score_lightning.step.optimizers` (both roles' AdamW).
 """

@@ -2,7 +2,7 @@
 
 loss = mean_s(-A_s * sum_t log pi(token t of rubric s | its prompt)) + kl_coef * mean_t k3(pi, ref),
 over the tokens up to the end of each rubric block (``RubricSample.train_mask``), stepped by the
-evaluator's own AdamW at lr ``alpha * optim.lr`` (:mod:`score_lightning.optimizers`): alpha =
+evaluator's own AdamW at lr ``alpha * optim.lr`` (:mod:`score_lightning.step.optimizers`): alpha =
 eta_e / eta_s is a step-size ratio, which a factor on the loss would not be under Adam. With
 ``evaluator.optimizer=shared`` the step goes through the solver's AdamW and the loss carries alpha. SCORE's single
 rubric is the one rank 0 sampled and broadcast: every rank computes the same loss and DDP / FSDP2
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from score_lightning.batching import TokenBatch, build_token_batch, policy_logprobs
-from score_lightning.losses import k3_kl, masked_mean, reinforce_loss
+from score_lightning.step.batching import TokenBatch, build_token_batch, policy_logprobs
+from score_lightning.step.losses import k3_kl, masked_mean, reinforce_loss
 from score_lightning.step.solver_update import OptimizerHooks
 from score_lightning.step.types import RubricSample
 
@@ -34,7 +34,7 @@ class ReinforceSettings:
 
     @classmethod
     def from_cfg(cls, cfg) -> "ReinforceSettings":
-        from score_lightning.optimizers import loss_alpha
+        from score_lightning.step.optimizers import loss_alpha
 
         return cls(float(cfg.evaluator.temperature), loss_alpha(cfg), float(cfg.loss.kl_coef), float(cfg.loss.kl_clamp))
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from score_lightning.batching import TokenBatch
+from score_lightning.step.batching import TokenBatch
 from score_lightning.rollout.trajectory import Trajectory
 
 

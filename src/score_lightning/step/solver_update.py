@@ -21,8 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from score_lightning import distributed as D
-from score_lightning.batching import TokenBatch, build_token_batch, policy_logprobs
-from score_lightning.losses import group_advantages, grpo_token_loss
+from score_lightning.step.batching import TokenBatch, build_token_batch, policy_logprobs
+from score_lightning.step.losses import group_advantages, grpo_token_loss
 from score_lightning.rollout.trajectory import Trajectory
 from score_lightning.step.solver_rows import TokenBonus, token_advantages, training_rows
 

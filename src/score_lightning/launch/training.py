@@ -7,7 +7,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from score_lightning.config_validation import sft_enabled, validate_config
+from score_lightning.launch.config_validation import sft_enabled, validate_config
 from score_lightning.errors import RetrieverUnavailable
 from score_lightning.paths import corpus_path
 
@@ -28,7 +28,7 @@ def resolve_output_dir(cfg: DictConfig) -> None:
                 cfg.paths.output_dir = hc.runtime.output_dir
     except ImportError:  # pragma: no cover
         pass
-    from score_lightning.runs import resolve_resume
+    from score_lightning.launch.runs import resolve_resume
 
     resolve_resume(cfg, overridden)
 
@@ -58,10 +58,10 @@ def resolve_model_path(cfg: DictConfig) -> str:
         return str(cfg.model.name_or_path)
     gguf = OmegaConf.select(cfg, "model.gguf")
     if gguf is not None:
-        from score_lightning.gguf_checkpoint import ensure_gguf_checkpoint
+        from score_lightning.policy.gguf_checkpoint import ensure_gguf_checkpoint
 
         return str(ensure_gguf_checkpoint(Path(cfg.paths.cache_dir) / "models", OmegaConf.to_container(gguf, resolve=True)))
-    from score_lightning.models import TinyModelSpec, ensure_tiny_checkpoint
+    from score_lightning.policy.models import TinyModelSpec, ensure_tiny_checkpoint
 
     spec = TinyModelSpec(**OmegaConf.to_container(cfg.model.tiny, resolve=True))
     spec.validate()
@@ -73,8 +73,9 @@ def resolve_model_arg(value: str, cache_dir: str | Path | None = None) -> str:
     e.g. ``smollm2_135m``, whose GGUF is converted once) resolved as a training run resolves it."""
     if Path(value).expanduser().is_dir():
         return str(Path(value).expanduser())
-    root = Path(__file__).resolve().parents[2]
-    if not (root / "configs" / "model" / f"{value}.yaml").is_file():
+    from score_lightning.paths import CONFIG_DIR
+
+    if not (CONFIG_DIR / "model" / f"{value}.yaml").is_file():
         from score_lightning.errors import ConfigError
 
         raise ConfigError(f"--model {value!r}: neither a checkpoint directory nor a preset in configs/model/")
@@ -83,7 +84,7 @@ def resolve_model_arg(value: str, cache_dir: str | Path | None = None) -> str:
 
     GlobalHydra.instance().clear()
     overrides = [f"model={value}"] + ([f"paths.cache_dir={cache_dir}"] if cache_dir is not None else [])
-    with initialize_config_dir(config_dir=str(root / "configs"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
     GlobalHydra.instance().clear()
     validate_config(cfg)
@@ -95,7 +96,7 @@ def instantiate_or_refuse(node: DictConfig, key: str):
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
-    from score_lightning.config_validation import ConfigError
+    from score_lightning.launch.config_validation import ConfigError
 
     try:
         return instantiate(node)
@@ -113,7 +114,7 @@ def build_callbacks(cfg: DictConfig) -> list:
     """
     from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
 
-    from score_lightning.config_validation import ConfigError
+    from score_lightning.launch.config_validation import ConfigError
 
     missing = [k for k in ("model_checkpoint", "preemption") if "_target_" not in (cfg.callbacks.get(k) or {})]
     if missing:
@@ -131,8 +132,8 @@ def build_trainer(cfg: DictConfig, callbacks: list):
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
 
-    from score_lightning.checkpoint_io import AtomicCheckpointIO
-    from score_lightning.loggers import build_loggers
+    from score_lightning.policy.checkpoint_io import AtomicCheckpointIO
+    from score_lightning.launch.loggers import build_loggers
 
     t = cfg.trainer
     # FSDP writes sharded checkpoint directories through torch.distributed.checkpoint instead
@@ -170,7 +171,7 @@ def probe_model(cfg: DictConfig) -> None:
     path = cfg.model.get("name_or_path")
     if not path:  # the tiny model, built locally
         return
-    from score_lightning.preflight import check_model_source
+    from score_lightning.launch.preflight import check_model_source
 
     source = check_model_source(str(path), "model.name_or_path")
     log.info("model.name_or_path=%s: loading from %s", path,
@@ -200,13 +201,13 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
 
     from score_lightning.callbacks.preemption import Preempted
     from score_lightning.data.datamodule import QueryDataModule
-    from score_lightning.console import quiet_console
+    from score_lightning.launch.console import quiet_console
     from score_lightning.module import ScoreModule
-    from score_lightning.threads import apply_threads
+    from score_lightning.launch.threads import apply_threads
 
     quiet_console()
     apply_threads(cfg)
-    from score_lightning.cpu_memory import set_malloc_mmap_threshold
+    from score_lightning.policy.cpu_memory import set_malloc_mmap_threshold
 
     set_malloc_mmap_threshold(OmegaConf.select(cfg, "trainer.malloc_mmap_threshold_mb"))
     callbacks = build_callbacks(cfg) + list(extra_callbacks or [])
@@ -232,9 +233,9 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
 
 
 def check_token_budgets(cfg: DictConfig, model_path: str) -> None:
-    """The scoring prompt and the evaluator's context, measured with the run's tokenizer (:mod:`score_lightning.budgets`)."""
-    from score_lightning.budgets import check_budgets
-    from score_lightning.models import load_tokenizer
+    """The scoring prompt and the evaluator's context, measured with the run's tokenizer (:mod:`score_lightning.launch.budgets`)."""
+    from score_lightning.launch.budgets import check_budgets
+    from score_lightning.policy.models import load_tokenizer
 
     check_budgets(cfg, load_tokenizer(model_path, chat_template=cfg.model.get("chat_template")))
 

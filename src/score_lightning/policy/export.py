@@ -56,8 +56,8 @@ def save_policy(model: nn.Module, out_dir: str | Path, write: bool = True) -> Pa
     and vLLM load without peft) and the adapter alone in PEFT's format under ``adapter/``.
     ``write=False`` (ranks other than 0) only takes part in the gathers.
     """
-    from score_lightning.fsdp import full_state_dict
-    from score_lightning.lora import is_lora, lora_scalings, merge_lora, save_adapter
+    from score_lightning.policy.fsdp import full_state_dict
+    from score_lightning.policy.lora import is_lora, lora_scalings, merge_lora, save_adapter
 
     out = Path(out_dir)
     state = full_state_dict(model)
@@ -73,7 +73,7 @@ def save_policy(model: nn.Module, out_dir: str | Path, write: bool = True) -> Pa
 
 def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, model_path: str | None = None) -> Path:
     """Write ``out_dir`` as an HF checkpoint of the policy saved in ``ckpt_path``."""
-    from score_lightning.models import load_policy, load_tokenizer
+    from score_lightning.policy.models import load_policy, load_tokenizer
 
     ckpt = load_checkpoint(ckpt_path)
     hp = ckpt.get("hyper_parameters", {})

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
 
-from score_lightning.config_validation import data_parallel_processes
+from score_lightning.launch.config_validation import data_parallel_processes
 
 
 def single(accelerator: str = "cpu", name: str = "single") -> SingleDeviceStrategy:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from score_lightning.lora import ReferenceModel
+from score_lightning.policy.lora import ReferenceModel
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -155,21 +155,3 @@ def update_scope(cfg, model: nn.Module) -> contextlib.AbstractContextManager:
     if top is None or not OmegaConf.select(cfg, "optim.reuse_frozen_bottom", default=False):
         return contextlib.nullcontext({"hits": 0, "misses": 0})
     return reuse_frozen_bottom(model, int(top))
-
-
-def check_trainable_layers(cfg, errors: list[str]) -> None:
-    """``model.trainable_layers``: null or an integer >= 1, and not together with LoRA (config validation)."""
-    from omegaconf import OmegaConf
-
-    n = OmegaConf.select(cfg, "model.trainable_layers", default=None)
-    if n is None:
-        return
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        errors.append(f"model.trainable_layers={n!r}: must be null (all weights train) or an integer >= 1 "
-                      "(the top N decoder layers and the final norm train)")
-    if OmegaConf.select(cfg, "model.lora.enabled", default=False) is True:
-        errors.append("model.trainable_layers with model.lora.enabled=true: choose one way to train a part of the "
-                      "model (adapters in every layer, or the top N layers)")
-    if OmegaConf.select(cfg, "strategy.name", default=None) == "fsdp":
-        errors.append("model.trainable_layers with strategy=fsdp: FSDP2 shards frozen and trainable weights alike and "
-                      "its reference would need the top layers' start sharded too; use strategy=ddp or single")

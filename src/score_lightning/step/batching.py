@@ -13,9 +13,9 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from score_lightning.logprobs import fusable_head, fused_head_logprobs
-from score_lightning.losses import entropy_from_logits, token_logprobs
-from score_lightning.shared_prefix import mask_form, pack_group, prompt_groups
+from score_lightning.policy.logprobs import fusable_head, fused_head_logprobs
+from score_lightning.step.losses import entropy_from_logits, token_logprobs
+from score_lightning.policy.shared_prefix import mask_form, pack_group, prompt_groups
 
 
 @dataclass
@@ -97,12 +97,12 @@ def policy_logprobs(
     returned as 0 (they are always masked).
 
     ``fused`` (the default) computes log-probs and entropy from the final hidden states ``chunk``
-    positions at a time, recomputed in backward (:mod:`score_lightning.logprobs`), so the
+    positions at a time, recomputed in backward (:mod:`score_lightning.policy.logprobs`), so the
     ``[N, T, V]`` logits never exist at once; a head it cannot reproduce exactly (LoRA-wrapped,
     soft-capped) falls back to the plain path, which materialises them (``fused=False``).
 
     ``share_prompt`` runs each group of rows with one prompt as one packed row
-    (:mod:`score_lightning.shared_prefix`) when the batch knows its prompt lengths, some rows share
+    (:mod:`score_lightning.policy.shared_prefix`) when the batch knows its prompt lengths, some rows share
     a prompt and the attention implementation reads a custom mask; the values are the same.
     """
     if share_prompt:

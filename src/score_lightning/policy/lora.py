@@ -152,7 +152,7 @@ class ReferenceModel(nn.Module):
 
 def lora_scalings(model: nn.Module) -> dict[str, float]:
     """``{hf module name: alpha / r}`` (or rsLoRA's scale) for every LoRA layer of ``model``."""
-    from score_lightning.fsdp import hf_name
+    from score_lightning.policy.fsdp import hf_name
 
     out = {}
     for name, m in model.named_modules():
@@ -202,10 +202,10 @@ def merge_lora(named: Iterable[tuple[str, torch.Tensor]], scalings: Mapping[str,
 def iter_merged_params(model: nn.Module, to_cpu: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
     """``(hf_name, full tensor)`` of the model an engine without LoRA support must load.
 
-    :func:`~score_lightning.fsdp.iter_full_params` with LoRA layers merged (a plain model passes
+    :func:`~score_lightning.policy.fsdp.iter_full_params` with LoRA layers merged (a plain model passes
     through unchanged). Collective under FSDP2: every rank must consume it.
     """
-    from score_lightning.fsdp import iter_full_params
+    from score_lightning.policy.fsdp import iter_full_params
 
     scalings = lora_scalings(model)
     params = iter_full_params(model, to_cpu=to_cpu)

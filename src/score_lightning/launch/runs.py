@@ -12,7 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, open_dict
 
-from score_lightning.config_validation import ConfigError
+from score_lightning.launch.config_validation import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -315,15 +315,15 @@ def load_policy(path: str | os.PathLike, dtype: str = "float32", gradient_checkp
     """Load a causal LM from a local directory or hub id (hub ids need network; CPU defaults never do).
 
     ``lora`` is the ``model.lora`` block: when enabled, LoRA layers are injected and only they train
-    (see :mod:`score_lightning.lora`). ``trainable_layers``: only the top N decoder layers and the final
-    norm train (:mod:`score_lightning.top_layers`).
+    (see :mod:`score_lightning.policy.lora`). ``trainable_layers``: only the top N decoder layers and the final
+    norm train (:mod:`score_lightning.policy.top_layers`).
     """
     kwargs = {"dtype": resolve_dtype(dtype)}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     if not attn_implementation:  # grouped-query attention without per-head copies of the KV (attention.py)
-        from score_lightning.attention import use_grouped_attention
+        from score_lightning.policy.attention import use_grouped_attention
 
         use_grouped_attention(model)
     if gradient_checkpointing:
@@ -332,12 +332,12 @@ def load_policy(path: str | os.PathLike, dtype: str = "float32", gradient_checkp
         # HF recomputes a layer only in training mode, from_pretrained returns eval mode, and Lightning (2.6) keeps
         # every submodule's mode: without this, the setting silently did nothing (SmolLM2: 5.1 GB peak RSS in the update)
         model.train()
-    from score_lightning.lora import apply_lora, lora_enabled
+    from score_lightning.policy.lora import apply_lora, lora_enabled
 
     if lora_enabled(lora):
         apply_lora(model, lora, str(path))
     if trainable_layers is not None:
-        from score_lightning.top_layers import train_top_layers
+        from score_lightning.policy.top_layers import train_top_layers
 
         train_top_layers(model, int(trainable_layers))
     return model
@@ -347,12 +347,12 @@ def load_reference(path: str | os.PathLike, dtype: str, policy, trainable_layers
     """The frozen KL reference: for a LoRA policy a view of its base (adapters off, no second copy
     in memory); for a top-layers policy its forward with the top layers' starting weights; otherwise
     a second, frozen copy of the starting weights."""
-    from score_lightning.lora import ReferenceModel, is_lora
+    from score_lightning.policy.lora import ReferenceModel, is_lora
 
     if is_lora(policy):
         return ReferenceModel(policy)
     if trainable_layers is not None:
-        from score_lightning.top_layers import TopLayersReference
+        from score_lightning.policy.top_layers import TopLayersReference
 
         return TopLayersReference(policy)
     return load_policy(path, dtype).eval().requires_grad_(False)

@@ -1,0 +1,95 @@
+"""Building what a SCORE step runs on: the policies, the rollout engines and the optimisers."""
+
+from __future__ import annotations
+
+import torch
+
+from score_lightning.step.faults import guarded_step
+from score_lightning.step.solver_update import OptimizerHooks
+
+
+class BuildingHooks:
+    """``configure_model``, ``setup`` and ``configure_optimizers`` of :class:`~score_lightning.module.ScoreModule`."""
+
+    def configure_model(self) -> None:
+        if self.policy is not None:
+            return
+        from score_lightning.policy.models import load_policy, load_reference
+
+        m = self.cfg.model  # with model.lora the policy trains adapters only; its reference is a view of the base
+        top = m.get("trainable_layers")  # or only the top N layers (top_layers.py)
+        self.policy = load_policy(self.model_path, m.dtype, m.gradient_checkpointing, lora=m.get("lora"),
+                                  trainable_layers=top)
+        if float(self.cfg.loss.kl_coef) > 0:
+            self.ref = load_reference(self.model_path, m.dtype, self.policy, trainable_layers=top)
+        if not self.cfg.actor.shared:
+            self.evaluator_policy = load_policy(self.model_path, m.dtype, m.gradient_checkpointing)
+        if bool(self.cfg.solver.freeze):
+            self.policy.requires_grad_(False)  # a frozen solver has no optimiser state and no gradient
+        if self.cfg.strategy.name == "fsdp":
+            from score_lightning.policy.fsdp import shard_models
+
+            shard_models(self, self.cfg.strategy)
+
+    @property
+    def eval_model(self):
+        return self.policy if self.evaluator_policy is None else self.evaluator_policy
+
+    def setup(self, stage: str) -> None:
+        from score_lightning.retrieval.from_config import retriever_from_config
+
+        if self.retriever is None:
+            self.retriever = retriever_from_config(self.cfg.retriever, self.cfg.paths.cache_dir)
+        if self.engine is not None:
+            return
+        tok, kind = self.tokenizer, self.cfg.rollout.engine
+        if kind == "hf":
+            from score_lightning.rollout.hf_engine import HFEngine, fast_forward_options
+
+            sharded = self.cfg.strategy.name == "fsdp" and self.trainer.world_size > 1  # forwards are collective
+            args = (tok.pad_token_id, tok.eos_token_id, tok, int(self.cfg.rollout.max_batch_size), sharded)
+            ff = fast_forward_options(self.cfg.rollout)
+            self.engine = HFEngine(lambda: self.policy, *args, **ff)
+            self.evaluator_engine = HFEngine(lambda: self.eval_model, *args, **ff)
+        elif kind == "scripted":
+            from hydra.utils import instantiate
+
+            from score_lightning.rollout.scripted import ScriptedEngine
+
+            self.engine = self.evaluator_engine = ScriptedEngine(tok, instantiate(self.cfg.rollout.responder))
+
+    def configure_optimizers(self):
+        """The solver's AdamW and the evaluator's own (lr = alpha * lr): see :mod:`score_lightning.step.optimizers`."""
+        from score_lightning.step.optimizers import build_optimizers
+
+        built = build_optimizers(self.cfg, self.policy, self.evaluator_policy)
+        self._optimizer_index = {"solver": built.solver, "evaluator": built.evaluator}
+        if not built.optimizers:  # frozen solver and no evaluator learning: nothing trains
+            return None
+        return built.optimizers, built.schedulers
+
+    def optimizer_hooks(self, phase: str, model) -> OptimizerHooks:
+        """What an update stage calls to backward and step ``phase``'s optimiser (``solver`` | ``evaluator``)."""
+        opts = self.optimizers()
+        opts = list(opts) if isinstance(opts, (list, tuple)) else [opts]
+        opt = opts[self._optimizer_index[phase]]
+        params = [p for p in model.parameters() if p.requires_grad]
+        return OptimizerHooks(self.manual_backward, lambda: self._optimizer_step(opt, params, phase), self.device)
+
+    def _optimizer_step(self, opt, params: list[torch.nn.Parameter], phase: str) -> tuple[float, bool]:
+        """Test hook, fault injection, then clip / finite check / step (see ``guarded_step``)."""
+        if self.pre_step_hook is not None:
+            self.pre_step_hook(self, phase)
+        if phase == "solver" and self.score_step in set(self.cfg.get("debug", {}).get("nan_grad_steps", []) or []):
+            for p in params:  # fault injection (debug.nan_grad_steps): poison this update's gradients
+                if p.grad is not None:
+                    p.grad.fill_(float("nan"))
+        norm, stepped = guarded_step(opt, params, float(self.cfg.optim.grad_clip))
+        self.faults.record_update(stepped, phase, self.score_step)
+        return norm, stepped
+
+    def lr_scheduler_list(self) -> list:
+        s = self.lr_schedulers()
+        if s is None:
+            return []
+        return list(s) if isinstance(s, (list, tuple)) else [s]

@@ -1,0 +1,53 @@
+"""What leaves a SCORE step's process: its scalars to the loggers, a halt with its checkpoint, the export."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from score_lightning.errors import TrainingHalted
+
+log = logging.getLogger("score_lightning.module")
+
+
+class OutputHooks:
+    """Logging, halting and export of :class:`~score_lightning.module.ScoreModule`."""
+
+    def log_step_metrics(self, metrics: dict[str, float]) -> None:
+        # Every value is already reduced over ranks (StepScalars) or identical on all of them, so no
+        # sync_dist here; logger=True uses global_step, which equals score_step (advance_global_step).
+        clean = finite(metrics)
+        self.log_dict(clean, on_step=True, on_epoch=False, prog_bar=False, logger=True, batch_size=1, sync_dist=False)
+        self.log("score_step", float(self.score_step), prog_bar=True, logger=False, batch_size=1)
+        self.log("reward", clean.get("solver/reward_mean", 0.0), prog_bar=True, logger=False, batch_size=1)
+
+    def halt(self, metrics: dict[str, float], reason: str) -> None:
+        """Write ``last.ckpt`` for the finished step (atomic) and stop with :class:`TrainingHalted`."""
+        if self.logger is not None and self.global_rank == 0:
+            # self.log() would only flush after training_step returns, which it will not
+            self.logger.log_metrics(finite(metrics), step=self.score_step - 1)
+            self.logger.save()
+        path = Path(self.cfg.callbacks.model_checkpoint.dirpath) / "last.ckpt"
+        self.trainer.save_checkpoint(str(path))
+        log.error("training stopped: %s; checkpoint saved to %s", reason, path)
+        raise TrainingHalted(f"training stopped: {reason}; checkpoint saved to {path}")
+
+    def export_policy(self, out_dir: str | Path) -> Path:
+        """``save_pretrained`` of the policy (LoRA merged, adapter in ``adapter/``) plus tokenizer; collective under FSDP."""
+        from score_lightning.policy.export import save_policy
+
+        out = Path(out_dir)
+        save_policy(self.policy, out, write=self.global_rank == 0)
+        if self.global_rank == 0:
+            self.tokenizer.save_pretrained(out)
+            # the run's resolved config beside the weights: evaluation takes the solver budgets from it
+            (out / "run_config.json").write_text(json.dumps(OmegaConf.to_container(self.cfg, resolve=True), indent=1))
+        return out
+
+
+def finite(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}

@@ -1,0 +1,29 @@
+"""Validate the whole config before any model loads: fail in seconds, naming the key and what is allowed.
+
+One module per group of keys; each appends to the same :class:`Checks`, so a user sees every bad
+value at once, not just the first.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from score_lightning.errors import ConfigError  # re-exported: callers import it from here
+from score_lightning.launch.config_validation.model import (LOW_PRECISION_MAX_LR, check_model, pretrained_model,
+                                                            sft_enabled)
+from score_lightning.launch.config_validation.roles import check_evaluator, check_reward, check_solver
+from score_lightning.launch.config_validation.run import check_run
+from score_lightning.launch.config_validation.topology import data_parallel_processes, data_parallel_size
+from score_lightning.launch.config_validation.update import check_update
+from score_lightning.launch.config_validation.values import Checks
+
+__all__ = ["ConfigError", "LOW_PRECISION_MAX_LR", "data_parallel_processes", "data_parallel_size",
+           "pretrained_model", "sft_enabled", "validate_config"]
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Raise :class:`ConfigError` listing every bad value (all of them, not just the first)."""
+    checks = Checks(cfg)
+    for group in (check_run, check_solver, check_evaluator, check_reward, check_update, check_model):
+        group(checks)
+    checks.raise_any()

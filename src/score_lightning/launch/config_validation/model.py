@@ -1,0 +1,135 @@
+"""The model: its source (a path, a GGUF or the tiny spec), what trains (all weights, LoRA, top layers),
+the dtype of the weights the optimiser updates, and the cold start that suits it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from score_lightning.launch.config_validation.values import Checks, integer, number
+
+_DTYPES = {"float32", "fp32", "bfloat16", "bf16", "float16", "fp16"}  # models.resolve_dtype (no torch import here)
+_LOW_PRECISION = {"bfloat16", "bf16", "float16", "fp16"}
+#: at or below this lr an AdamW step (~lr) is smaller than half the bf16/fp16 spacing of typical weights
+LOW_PRECISION_MAX_LR = 1e-5
+
+#: SFT settings that only suit the from-scratch tiny model: (key, refused when, what they are for)
+_FROM_SCRATCH_SFT = (("sft.lr", lambda v: v > 1e-4, "a from-scratch learning rate"),
+                     ("sft.prompt_loss_weight", lambda v: v > 0, "loss on prompt tokens, to learn their language"))
+
+
+def pretrained_model(cfg: DictConfig) -> str | None:
+    """What names a pretrained model: ``model.name_or_path``, else ``model.gguf`` (a GGUF inside an installed
+    package, e.g. ``model=smollm2_135m``); ``None`` for the from-scratch tiny model."""
+    path = OmegaConf.select(cfg, "model.name_or_path")
+    if path is not None:
+        return str(path)
+    gguf = OmegaConf.select(cfg, "model.gguf")
+    return f"{gguf.package}:{gguf.file}" if gguf is not None else None
+
+
+def sft_enabled(cfg: DictConfig) -> bool:
+    """``sft.enabled``: true, false, or ``auto``, on only for the tiny model (no pretrained model configured).
+
+    Why ``auto``: ``experiment=tiny_score`` needs its cold start, but the same experiment pointed at a
+    pretrained checkpoint must not run the tiny model's from-scratch settings on it.
+    """
+    value = OmegaConf.select(cfg, "sft.enabled", default=False)
+    if value == "auto":
+        return pretrained_model(cfg) is None
+    return value is True
+
+
+def check_model(c: Checks) -> None:
+    cfg = c.cfg
+    if pretrained_model(cfg) is None and c.get("model.tiny") is None:
+        c.add("model.name_or_path: null needs model.tiny (the tiny-model spec) or model.gguf; set a checkpoint "
+              "path or use model=tiny")
+    gguf = c.get("model.gguf")
+    if c.get("model.name_or_path") is None and gguf is not None:
+        from score_lightning.policy.gguf_checkpoint import gguf_problems  # light: no torch, no transformers
+
+        c.errors.extend(gguf_problems(OmegaConf.to_container(gguf, resolve=True)))
+    check_master_weights(c)
+    template = c.get("model.chat_template")
+    if isinstance(template, str) and template and "{" not in template and not Path(template).expanduser().is_file():
+        c.add(f"model.chat_template={template!r}: neither a Jinja template nor a file")
+    check_lora(c)
+    check_trainable_layers(c)
+    check_sft(c)
+
+
+def check_master_weights(c: Checks) -> None:
+    """``model.dtype`` is the dtype of the weights the optimiser updates (FSDP2 shards them as loaded).
+
+    bf16 keeps 8 significant bits: near a weight of 0.02 its spacing is ~1.2e-4, so an AdamW step of
+    ~lr = 1e-6 rounds back to the same weight and the run trains almost nothing, silently. Compute
+    in bf16 comes from ``trainer.precision`` / ``strategy.mixed_precision`` instead.
+    """
+    c("model.dtype", lambda v: v in _DTYPES, f"one of {sorted(_DTYPES)}")
+    dtype, lr = c.get("model.dtype"), c.get("optim.lr")
+    if dtype not in _LOW_PRECISION or not isinstance(lr, (int, float)) or lr > LOW_PRECISION_MAX_LR:
+        return
+    if c.get("model.allow_low_precision_weights", False) is True:
+        return
+    c.add(f"model.dtype={dtype!r} with optim.lr={lr:g}: the optimiser would update {dtype} master weights, "
+          f"whose spacing near a weight of 0.02 is ~1.2e-4 (bf16) or ~1.5e-5 (fp16), so steps of ~lr round "
+          "away and the run trains almost nothing; use model.dtype=float32 (bf16 compute comes from "
+          "trainer.precision=bf16-mixed and strategy.mixed_precision=bf16), or set "
+          "model.allow_low_precision_weights=true if the rounding is intended")
+
+
+def check_lora(c: Checks) -> None:
+    """``model.lora`` (absent means disabled): its values, peft installed, and what LoRA cannot do."""
+    if c.get("model.lora.enabled") is not True:
+        return
+    c("model.lora.r", integer(1), "an integer >= 1 (the adapter rank)")
+    c("model.lora.alpha", number(0.0, lo_open=True), "a number > 0 (scaling = alpha / r)")
+    c("model.lora.dropout", number(0.0, 1.0, hi_open=True), "a number in [0, 1)")
+    names = lambda v: isinstance(v, ListConfig) and len(v) > 0 and all(isinstance(x, str) and x for x in v)  # noqa: E731
+    c("model.lora.target_modules", lambda v: v == "all-linear" or names(v),
+      "'all-linear' or a non-empty list of module names, e.g. [q_proj, v_proj]")
+    from score_lightning.launch.preflight import missing_package
+
+    line = missing_package("peft", "model.lora.enabled=true", "pip install -e '.[lora]'")
+    if line:
+        c.add(line)
+    if c.get("actor.shared") is False:
+        c.add("model.lora.enabled=true with actor.shared=false: a separate evaluator is not supported with "
+              "LoRA. It would need a second full base model (what LoRA is meant to avoid) or a second "
+              "adapter on the shared base, whose switching of peft's active adapter per role rewrites "
+              "requires_grad and leaves one adapter unused in each backward (DDP, FSDP2); "
+              "use actor.shared=true")
+
+
+def check_trainable_layers(c: Checks) -> None:
+    """``model.trainable_layers``: null or an integer >= 1, and not together with LoRA."""
+    n = c.get("model.trainable_layers")
+    if n is None:
+        return
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        c.add(f"model.trainable_layers={n!r}: must be null (all weights train) or an integer >= 1 "
+              "(the top N decoder layers and the final norm train)")
+    if c.get("model.lora.enabled", False) is True:
+        c.add("model.trainable_layers with model.lora.enabled=true: choose one way to train a part of the "
+              "model (adapters in every layer, or the top N layers)")
+    if c.get("strategy.name") == "fsdp":
+        c.add("model.trainable_layers with strategy=fsdp: FSDP2 shards frozen and trainable weights alike and "
+              "its reference would need the top layers' start sharded too; use strategy=ddp or single")
+
+
+def check_sft(c: Checks) -> None:
+    """Refuse the tiny model's cold-start settings on a pretrained checkpoint, naming the keys and the fix."""
+    if c.get("sft") is None:
+        return
+    c("sft.enabled", lambda v: v in (True, False, "auto"), "true, false or 'auto' (on for the tiny model only)")
+    path = pretrained_model(c.cfg)
+    if path is None or not sft_enabled(c.cfg):
+        return
+    for key, bad, why in _FROM_SCRATCH_SFT:
+        value = c.get(key)
+        if isinstance(value, (int, float)) and bad(value):
+            c.add(f"{key}={value!r} with a pretrained model.name_or_path={path!r}: {why}, one of the "
+                  "from-scratch tiny model's settings (configs/sft/default.yaml); use sft=pretrained "
+                  "(lr 1e-5, no prompt loss, bf16 on GPU, 1 epoch) or sft.enabled=false")

@@ -1,0 +1,124 @@
+"""The solver's and the evaluator's keys, the verifier, the reward, and the lengths arithmetic alone refuses."""
+
+from __future__ import annotations
+
+from score_lightning.launch.config_validation.values import BOOL, Checks, integer, number, one_of
+
+
+def check_solver(c: Checks) -> None:
+    c("solver.num_rollouts", integer(2), "an integer >= 2 (GRPO normalises over the K rollouts of a query)")
+    c("solver.max_tool_calls", integer(0, 10), "an integer in [0, 10]")
+    c("solver.max_response_tokens", integer(8), "an integer >= 8")
+    c("solver.max_prompt_tokens", integer(8), "an integer >= 8")
+    c("solver.max_observation_tokens", integer(1), "an integer >= 1")
+    c("solver.topk", integer(1, 100), "an integer in [1, 100]")
+    c("solver.temperature", number(0.0, lo_open=True), "a number > 0 (RL needs sampling)")
+    c("solver.top_p", number(0.0, 1.0, lo_open=True), "a number in (0, 1]")
+    c("solver.freeze", *BOOL)
+    c("solver.conclusion_line", *BOOL)
+    c("actor.shared", *BOOL)
+    if c.get("solver.freeze") is True and c.get("actor.shared") is True and c.get("evaluator.enabled") is True:
+        c.add("solver.freeze=true: with actor.shared=true the evaluator's REINFORCE update moves the shared "
+              "weights, so the solver would not be frozen; set actor.shared=false (frozen solver, trained "
+              "evaluator) or evaluator.enabled=false (nothing trains)")
+    check_solver_workflow(c)
+
+
+def check_evaluator(c: Checks) -> None:
+    c("evaluator.enabled", *BOOL)
+    c("evaluator.static_rubric", *BOOL)
+    c("evaluator.update_every", integer(1), "an integer >= 1")
+    c("evaluator.ema_beta", number(0.0, 1.0, hi_open=True), "a number in [0, 1)")
+    c("evaluator.alpha", number(0.0), "a number >= 0")
+    c("evaluator.optimizer", one_of("own", "shared"), "'own' (lr alpha * optim.lr, its own Adam moments) or "
+      "'shared' (the solver's AdamW state; alpha weights the loss)")
+    if c.get("evaluator.optimizer") == "shared" and c.get("actor.shared") is False:
+        c.add("evaluator.optimizer='shared' with actor.shared=false: a separate evaluator model always has its own "
+              "optimiser; use evaluator.optimizer=own")
+    c("evaluator.temperature", number(0.0, lo_open=True), "a number > 0")
+    if c.get("evaluator.scoring_temperature") is not None:
+        c("evaluator.scoring_temperature", number(0.0), "null or a number >= 0 (0: greedy)")
+    c("evaluator.constrained_scoring", *BOOL)
+    c("evaluator.scoring", one_of("joint", "pointwise"),
+      "'joint' (one evaluation of all K reports) or 'pointwise' (one evaluation per report)")
+    c("evaluator.show_retrieved", *BOOL)
+    for field in (c.get("evaluator.constrained_max_chars") or {}):
+        if field not in ("think", "query", "section", "reason"):
+            c.add(f"evaluator.constrained_max_chars.{field}: unknown field (think, query, section, reason)")
+        else:
+            c(f"evaluator.constrained_max_chars.{field}", integer(1), "an integer >= 1 (characters)")
+    for key in ("max_rubric_tokens", "max_response_tokens", "max_prompt_tokens"):
+        c(f"evaluator.{key}", integer(8), "an integer >= 8")
+    c("evaluator.max_tool_calls", integer(0, 10), "an integer in [0, 10]")
+    c("evaluator.max_report_tokens", integer(1), "an integer >= 1")
+    c("evaluator.max_observation_tokens", integer(1), "an integer >= 1")
+    c("evaluator.reward", one_of("consistency", "discriminative", "preference", "solver_reward"),
+      "'consistency', 'discriminative', 'preference' or 'solver_reward'")
+    c("evaluator.rubric_queries", integer(1), "an integer >= 1")
+    if c.get("evaluator.rubric_weight_sum_tol") is not None:
+        c("evaluator.rubric_weight_sum_tol", number(0.0, 1.0), "null (weights normalised, sum not checked) or a "
+          "number in [0, 1]")
+    check_lengths(c)
+
+
+def check_reward(c: Checks) -> None:
+    c("verifier.enabled", *BOOL)
+    c("verifier.min_search_depth", integer(0, 10), "an integer in [0, 10]")
+    c("verifier.tau_from_harness", *BOOL)
+    c("verifier.zero", one_of("reward", "scores"), "'reward' (Algorithm 1: s_i^k = 0) or 'scores' (keep a(r))")
+    depth, calls = c.get("verifier.min_search_depth"), c.get("evaluator.max_tool_calls")
+    if c.get("verifier.enabled") is True and isinstance(depth, int) and isinstance(calls, int) and depth > calls:
+        c.add(f"verifier.min_search_depth={depth}: more searches than evaluator.max_tool_calls={calls} allows, so "
+              "the verifier would zero every reward; lower it, raise evaluator.max_tool_calls, or "
+              "verifier.enabled=false")
+    c("reward.require_citation", *BOOL)
+    c("reward.citations", one_of("any", "retrieved"),
+      "'any' (any bracketed id counts) or 'retrieved' (cited ids must be among the trajectory's retrieved ones)")
+    c("reward.min_answer_chars", integer(0), "an integer >= 0")
+
+
+def check_solver_workflow(c: Checks) -> None:
+    """``solver.agent`` (react | mams) with the MaMs budgets, and ``reward.step`` (none | rubric)."""
+    c("solver.agent", one_of("react", "mams"), "'react' (one ReAct loop) or 'mams' (search / state / report roles)")
+    c("reward.step", one_of("none", "rubric"), "'none' or 'rubric' (ARCO-style step judgements)")
+    if c.get("reward.step") == "rubric":
+        c("reward.step_lambda", number(0.0), "a number >= 0 (weight of the step advantage)")
+        c("reward.step_max_tokens", integer(8), "an integer >= 8")
+        c("reward.step_invalid_reward", number(-1.0, 1.0), "a number in [-1, 1] (valid judgements earn a correlation)")
+    if c.get("solver.agent") != "mams":
+        return
+    c("solver.max_tool_calls", integer(1, 10), "an integer in [1, 10] with solver.agent=mams (a search role call per "
+      "turn)")
+    for key in ("chunk_tokens", "max_observation_tokens", "search_tokens", "state_tokens", "report_tokens",
+                "memory_tokens", "plan_tokens", "max_context_tokens"):
+        c(f"solver.mams.{key}", integer(8), "an integer >= 8 (tokens)")
+    m = c.get("solver.mams") or {}
+    parts = [m.get(k) for k in ("chunk_tokens", "memory_tokens", "plan_tokens", "report_tokens")]
+    limit = m.get("max_context_tokens")
+    if all(isinstance(v, int) for v in parts + [limit]) and sum(parts) >= limit:
+        c.add(f"solver.mams.max_context_tokens={limit}: must exceed chunk + memory + plan + report tokens "
+              f"({sum(parts)}), which a role prompt may hold besides the question and instructions")
+
+
+def check_lengths(c: Checks) -> None:
+    """What arithmetic alone refuses; the tokenizer-measured checks are :func:`score_lightning.launch.budgets.check_budgets`."""
+    n = 1 if c.get("evaluator.scoring", "joint") == "pointwise" else c.get("solver.num_rollouts")
+    report, cap = c.get("evaluator.max_report_tokens"), c.get("evaluator.max_prompt_tokens")
+    if all(isinstance(v, int) for v in (n, report, cap)) and n * report >= cap:
+        c.add(f"evaluator.max_prompt_tokens={cap}: {n} reports x evaluator.max_report_tokens={report} = "
+              f"{n * report} tokens leave no room for the query, rubric and instructions of the scoring "
+              "prompt; raise evaluator.max_prompt_tokens or lower evaluator.max_report_tokens")
+    max_len = c.get("rollout.max_model_len")
+    if c.get("rollout.engine") != "vllm" or not isinstance(max_len, int):
+        return
+    solver = (c.get("solver.max_prompt_tokens"), c.get("solver.max_response_tokens"))
+    scoring = (cap, c.get("evaluator.max_response_tokens"), c.get("evaluator.max_tool_calls"),
+               c.get("evaluator.max_observation_tokens"))
+    if all(isinstance(v, int) for v in solver) and sum(solver) > max_len:
+        c.add(f"rollout.max_model_len={max_len}: shorter than solver.max_prompt_tokens + "
+              f"solver.max_response_tokens = {sum(solver)}")
+    if all(isinstance(v, int) for v in scoring) and scoring[0] + scoring[1] + scoring[2] * scoring[3] > max_len:
+        c.add(f"rollout.max_model_len={max_len}: shorter than an evaluation can grow: evaluator.max_prompt_tokens"
+              f" + evaluator.max_response_tokens + evaluator.max_tool_calls x evaluator.max_observation_tokens "
+              f"= {scoring[0] + scoring[1] + scoring[2] * scoring[3]} (observations are outside the "
+              "evaluator's generation budget)")

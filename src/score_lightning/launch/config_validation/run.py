@@ -1,0 +1,89 @@
+"""The run around the step: trainer, threads, strategy, retriever, data, harness, callbacks, files it reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from score_lightning.launch.config_validation.values import BOOL, Checks, integer, number, one_of
+
+_PRECISIONS = {"32-true", "32", "bf16-mixed", "bf16-true", "64-true"}
+
+
+def check_run(c: Checks) -> None:
+    c("seed", integer(0), "an integer >= 0")
+    c("data.batch_size", integer(1), "an integer >= 1")
+    c("trainer.max_steps", integer(1), "an integer >= 1 (SCORE steps)")
+    if c.get("trainer.malloc_mmap_threshold_mb") is not None:
+        c("trainer.malloc_mmap_threshold_mb", number(0.0, 32.0), "null or a number of MB in [0, 32] (glibc's maximum)")
+    if c.get("threads") is not None:
+        c("threads.num", lambda v: v == "auto" or integer(1)(v), "'auto' or an integer >= 1 (CPU threads per process)")
+        c("threads.runs", integer(1), "an integer >= 1 (independent runs sharing this machine's cores)")
+    c("trainer.precision", lambda v: str(v) in _PRECISIONS,
+      f"one of {sorted(_PRECISIONS)} (fp16 with a grad scaler is not supported)")
+    c("strategy.name", one_of("single", "ddp", "fsdp"), "'single', 'ddp' or 'fsdp'")
+    if c.get("strategy.name") == "fsdp":
+        c("strategy.mixed_precision", one_of(None, "bf16", "bfloat16"), "null or 'bf16'")
+    c("rollout.engine", one_of("hf", "vllm", "scripted"), "'hf', 'vllm' or 'scripted'")
+    c("retriever.kind", one_of("bm25", "http"), "'bm25' or 'http'")
+    c("retriever.max_failed_steps", integer(1), "an integer >= 1")
+    if c.get("retriever.kind") == "http":
+        c("retriever.url", lambda v: isinstance(v, str) and v.startswith(("http://", "https://")), "an http(s):// URL")
+    c("harness.every_n_steps", integer(1), "an integer >= 1")
+    c("harness.enabled", *BOOL)
+    check_harness(c)
+    c("callbacks.preemption.grace_s", number(0.0), "a number of seconds >= 0")
+    c("debug.nan_grad_steps", lambda v: all(isinstance(x, int) and x >= 0 for x in v), "a list of SCORE step numbers")
+    check_files(c)
+
+
+def check_harness(c: Checks) -> None:
+    from score_lightning.harness.state import HarnessState, HarnessStateError
+
+    init = c.get("harness.initial_state")
+    try:
+        HarnessState.from_dict(OmegaConf.to_container(init, resolve=True) if init is not None else {})
+    except HarnessStateError as exc:
+        c.add(f"harness.initial_state.{exc}")
+
+
+def check_files(c: Checks) -> None:
+    """Files the run reads are read now (a resume checkpoint, given rubrics, preference pairs), so a bad
+    one fails before any model loads."""
+    for key in ("retriever.corpus_path", "data.queries_path"):
+        value = c.get(key)
+        if value is not None and not Path(str(value)).is_file():
+            c.add(f"{key}={value!r}: file not found")
+    ckpt = c.get("ckpt_path")
+    if ckpt is not None:
+        from score_lightning.policy.checkpoint_io import CheckpointError, validate_checkpoint
+
+        try:
+            validate_checkpoint(str(ckpt))
+        except CheckpointError as exc:
+            c.add(str(exc))
+    from score_lightning.data.corpus import DataFormatError
+
+    if str(c.get("rubric._target_") or "").endswith("GivenRubrics"):
+        path = OmegaConf.select(c.cfg, "rubric.path", throw_on_missing=False, default=None)
+        if path in (None, "???") or OmegaConf.is_missing(c.cfg.rubric, "path"):
+            c.add("rubric.path: required with rubric=given (a criteria.jsonl or checklist file)")
+        else:
+            from score_lightning.rubrics.given import load_given_rubrics
+
+            try:
+                load_given_rubrics(path)
+            except DataFormatError as exc:
+                c.add(f"rubric.path: {exc}")
+    if c.get("evaluator.reward") == "preference":
+        path = c.get("evaluator.preferences_path")
+        if not path:
+            c.add("evaluator.preferences_path: required with evaluator.reward=preference")
+        else:
+            from score_lightning.rubrics.preference import load_preferences
+
+            try:
+                load_preferences(path)
+            except DataFormatError as exc:
+                c.add(f"evaluator.preferences_path: {exc}")
