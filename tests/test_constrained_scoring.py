@@ -85,6 +85,7 @@ def test_random_model_held_to_the_grammar_writes_valid_evaluations(tiny_ckpt, to
     for g, r in zip(gens, rubrics):
         ev = parse_evaluation(tokenizer.decode(g.token_ids), r, 2)
         assert g.finish_reason == "stop" and ev.valid, (ev.error, tokenizer.decode(g.token_ids)[-300:])
+        assert ev.reaches_every_report(2)  # the grammar closes the block and every report
         assert g.logprobs is not None and len(g.logprobs) == len(g.token_ids)
     with pytest.raises(ValueError, match="grammars for"):
         engine.generate(prompts, SamplingParams(10, grammars=grammars[:1]))

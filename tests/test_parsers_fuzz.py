@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from score_lightning.harness.state import HarnessState
 from score_lightning.protocol import PROTOCOL_TOKENS
-from score_lightning.roles.answer import CITATION_RE, AnswerParse, extract_conclusion, parse_answer
+from score_lightning.rewards.citations import cited_ids
+from score_lightning.roles.answer import AnswerParse, extract_conclusion, parse_answer
 from score_lightning.roles.evaluation import EvaluationParse, ReportScores, parse_evaluation
 from score_lightning.roles.rubric import Rubric, RubricParse, fallback_rubric, parse_rubric, rubric_token_span
 
@@ -47,7 +48,7 @@ def check_all_parsers(text: str) -> None:
     assert isinstance(ap, AnswerParse) and ap.valid == (ap.reason == "")
     assert len(set(ap.cited_ids)) == len(ap.cited_ids)
     conclusion = extract_conclusion(text)
-    assert isinstance(conclusion, str) and CITATION_RE.search(conclusion) is None
+    assert isinstance(conclusion, str) and not cited_ids(conclusion)
     if ap.answer is not None:
         assert isinstance(extract_conclusion(ap.answer), str)
     assert rubric_token_span([ord(c) for c in text], _chars, ">") == (

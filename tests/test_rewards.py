@@ -14,13 +14,13 @@ from torchmetrics.utilities.data import dim_zero_sum
 from score_lightning.rewards.functions import (
     EMABaseline,
     apply_verifier,
-    citation_validity,
     consistency_over_valid,
     group_consistency,
     pairwise_tfidf_consistency,
     solver_reward,
     verified_rewards,
 )
+from score_lightning.rewards.citations import citation_precision
 from score_lightning.rewards.metrics import CitationValidity, Consistency, RubricReward
 
 T = torch.tensor
@@ -198,11 +198,11 @@ def test_ema_state_roundtrip_and_validation():
     assert EMABaseline(0.0).update(0.4) == pytest.approx((0.4, 0.4))  # beta 0: b follows R
 
 
-def test_citation_validity():
-    assert citation_validity(["a", "b", "c"], ["a", "c", "x"]) == pytest.approx(2 / 3)
-    assert citation_validity(["a", "a", "b"], ["a"]) == pytest.approx(0.5)  # distinct ids
-    assert citation_validity([], ["a"]) is None
-    assert citation_validity(["z"], []) == 0.0
+def test_citation_precision():
+    assert citation_precision(["a", "b", "c"], ["a", "c", "x"]) == pytest.approx(2 / 3)
+    assert citation_precision(["a", "a", "b"], ["a"]) == pytest.approx(0.5)  # distinct ids
+    assert citation_precision([], ["a"]) is None
+    assert citation_precision(["z"], []) == 0.0
 
 
 # ----------------------------------------------------------------------------- metrics

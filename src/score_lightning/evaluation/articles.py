@@ -21,7 +21,8 @@ from typing import Any
 from score_lightning import protocol as P
 from score_lightning.data.queries import Query
 from score_lightning.retrieval.base import SearchHit
-from score_lightning.roles.answer import AnswerParse, cited_ids, parse_answer
+from score_lightning.rewards.citations import cited_ids, cites_only_retrieved, ungrounded_ids
+from score_lightning.roles.answer import AnswerParse, parse_answer
 from score_lightning.rollout.trajectory import Trajectory
 
 _THINK_RE = re.compile(re.escape(P.THINK_OPEN) + r".*?" + re.escape(P.THINK_CLOSE), re.DOTALL)
@@ -75,13 +76,14 @@ class RecordingRetriever:
 def sources_record(query: Query, traj: Trajectory, article: str, parsed: AnswerParse,
                    passages: dict[str, SearchHit]) -> dict[str, Any]:
     """The sources line of one article: its citations with their retrieved text, search and validity stats."""
-    retrieved = set(traj.retrieved_ids)
+    cites = cited_ids(article)
+    never = set(ungrounded_ids(cites, traj.retrieved_ids))
     citations = []
-    for doc_id in cited_ids(article):
-        hit = passages.get(doc_id) if doc_id in retrieved else None
+    for doc_id in cites:
+        hit = passages.get(doc_id) if doc_id not in never else None
         citations.append({
             "doc_id": doc_id,
-            "retrieved": doc_id in retrieved,
+            "retrieved": doc_id not in never,
             "title": hit.title if hit is not None else None,
             "text": hit.text if hit is not None else None,
         })
@@ -89,6 +91,7 @@ def sources_record(query: Query, traj: Trajectory, article: str, parsed: AnswerP
         "id": query.extra.get("id", query.id),
         "citations": citations,
         "retrieved_ids": list(traj.retrieved_ids),
+        "cites_only_retrieved": cites_only_retrieved(cites, traj.retrieved_ids),
         "search_queries": list(traj.search_queries),
         "valid_answer": bool(parsed.valid),
         "invalid_reason": parsed.reason,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from score_lightning.roles.answer import cited_ids
+from score_lightning.rewards.citations import citation_precision, cited_ids
 
 METRICS = ("citation_precision", "coverage", "validity", "length")
 
@@ -55,10 +55,9 @@ def bootstrap_ci(values: list[float], resamples: int = 2000, seed: int = 0, leve
 
 def query_scores(article: str, source: dict, top_ids: list[str]) -> dict[str, float | None]:
     """The four scores of one article (``None``: undefined, e.g. precision of an uncited article)."""
-    cites = list(dict.fromkeys(cited_ids(article)))
-    retrieved = set(source.get("retrieved_ids", []))
+    cites = cited_ids(article)
     return {
-        "citation_precision": (sum(c in retrieved for c in cites) / len(cites)) if cites else None,
+        "citation_precision": citation_precision(cites, source.get("retrieved_ids", [])),
         "coverage": (len(set(cites) & set(top_ids)) / len(top_ids)) if top_ids else None,
         "validity": float(bool(source.get("valid_answer", False))),
         "length": float(len(article.split())),

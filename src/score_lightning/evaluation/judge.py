@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from score_lightning.harness.chat import ChatClient, ChatOutcome, ReplyError, extract_json_object
-from score_lightning.roles.answer import CITATION_RE, cited_ids, strip_citations
+from score_lightning.rewards.citations import cited_ids, strip_citations, ungrounded_ids
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ def split_statements(article: str) -> list[str]:
             sent = sent.strip()
             if not sent:
                 continue
-            if pieces and CITATION_RE.search(sent) and not strip_citations(sent).strip(" .,;:!?-*"):
+            if pieces and cited_ids(sent) and not strip_citations(sent).strip(" .,;:!?-*"):
                 pieces[-1] = f"{pieces[-1]} {sent}"
             else:
                 pieces.append(sent)
@@ -244,13 +244,15 @@ def _article_tasks(article: dict, sources: dict[str, dict] | None, opts: JudgeOp
     if opts.citations:
         rec["has_sources"] = sources is not None
         retrieved, texts = _source_index(sources) if sources is not None else (set(), {})
-        for statement, doc_id in cited_statements(text):
+        pairs = cited_statements(text)
+        never = set(ungrounded_ids([doc_id for _, doc_id in pairs], retrieved))
+        for statement, doc_id in pairs:
             c: dict[str, Any] = {"doc_id": doc_id, "statement": statement, "verdict": None, "reason": "",
                                  "judged": False, "error": None}
             rec["citations"].append(c)
             if sources is None:
                 c["error"] = "no_sources_entry"
-            elif doc_id not in retrieved:
+            elif doc_id in never:
                 c.update(verdict="unsupported", reason="cited document was never retrieved", never_retrieved=True)
             elif not (texts.get(doc_id) or {}).get("text"):
                 c["error"] = "no_source_text"

@@ -168,10 +168,3 @@ class EMABaseline:
         self.beta, self.value, self.steps = beta, float(state["value"]), int(state.get("steps", 0))
 
 
-def citation_validity(cited: Sequence[str], retrieved: Sequence[str]) -> float | None:
-    """Share of the (distinct) cited ids that the trajectory actually retrieved; ``None`` if nothing cited."""
-    unique = list(dict.fromkeys(cited))
-    if not unique:
-        return None
-    seen = set(retrieved)
-    return sum(1 for c in unique if c in seen) / len(unique)

@@ -15,7 +15,8 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from score_lightning.rewards.functions import citation_validity, group_consistency, rewards_from_parts
+from score_lightning.rewards.citations import citation_precision
+from score_lightning.rewards.functions import group_consistency, rewards_from_parts
 
 
 class _MeanMetric(Metric):
@@ -72,9 +73,10 @@ class Consistency(_MeanMetric):
 
 
 class CitationValidity(_MeanMetric):
-    """Mean share of cited ids that were retrieved, over reports that cite anything."""
+    """Mean citation precision (share of distinct cited ids that were retrieved), over reports that cite
+    anything: the step's ``solver/citation_validity``."""
 
     def update(self, pairs: Iterable[tuple[Sequence[str], Sequence[str]]]) -> None:
-        values = [v for cited, retrieved in pairs if (v := citation_validity(cited, retrieved)) is not None]
+        values = [v for cited, retrieved in pairs if (v := citation_precision(cited, retrieved)) is not None]
         if values:
             self._accumulate(sum(values), len(values))

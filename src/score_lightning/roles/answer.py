@@ -11,8 +11,12 @@ Validity a(r) of a solver trajectory (``parse_answer``) is 1 when **all** hold, 
    ``<observation>``, ``</observation>`` (a report that still tries to act is not a report);
 5. with ``require_citation=True``, it cites at least one corpus id as ``[doc_id]``;
 6. with ``require_grounded=True`` (``reward.citations=retrieved``), it cites at least one id and every
-   cited id is among ``retrieved``, the ids that the trajectory's own searches returned. Without this rule
-   any bracketed id passes, and RL learns to cite without citing what it read.
+   cited id is among ``retrieved``, the ids that the trajectory's own searches showed it
+   (:func:`~score_lightning.rewards.citations.cites_only_retrieved`). Without this rule any bracketed
+   id passes, and RL learns to cite without citing what it read.
+
+What counts as a citation (a bracketed id standing as a reference in prose; not ``sys.argv[1]``, a
+markdown link or code) is :mod:`score_lightning.rewards.citations`.
 
 The first failing rule is given as ``reason``; ``format_valid`` says whether rules 1-5 hold, so the
 share of otherwise valid reports that cite an unretrieved id stays observable under either rule. Citations are collected from the answer even when
@@ -28,12 +32,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from score_lightning.data.corpus import LOADABLE_ID_RE
 from score_lightning.protocol import ANSWER_CLOSE, ANSWER_OPEN, OBS_CLOSE, OBS_OPEN, SEARCH_CLOSE, SEARCH_OPEN
+from score_lightning.rewards.citations import cited_ids, cites_only_retrieved, strip_citations, ungrounded_ids
 
-#: A citation of a corpus document id, e.g. ``[json.dumps]``, ``[doc_12]`` or ``[123]`` (Search-R1 /
-#: wiki-18 ids are numbers): exactly the ids ``load_corpus`` accepts, so every loadable id is citable.
-CITATION_RE = re.compile(rf"\[({LOADABLE_ID_RE.pattern})\]")
+__all__ = ["AnswerParse", "cited_ids", "extract_conclusion", "parse_answer", "strip_citations"]
 
 _NESTED_TAGS = (SEARCH_OPEN, SEARCH_CLOSE, ANSWER_OPEN, OBS_OPEN, OBS_CLOSE)
 _CONCLUSION_MARKER_RE = re.compile(
@@ -52,11 +54,6 @@ class AnswerParse:
     cited_ids: tuple[str, ...]  # unique, in order of first citation
     format_valid: bool = False  # rules 1-5 hold (validity before the grounding rule)
     ungrounded: tuple[str, ...] = ()  # cited ids the trajectory never retrieved (empty when not checked)
-
-
-def cited_ids(text: str) -> tuple[str, ...]:
-    """Unique ``[doc_id]`` citations in order of first appearance."""
-    return tuple(dict.fromkeys(CITATION_RE.findall(text)))
 
 
 def _last_answer_block(text: str) -> tuple[str | None, str]:
@@ -102,21 +99,10 @@ def parse_answer(
     format_ok = not reason
     ungrounded: tuple[str, ...] = ()
     if retrieved is not None or require_grounded:
-        seen = set(retrieved or ())
-        ungrounded = tuple(c for c in cites if c not in seen)
-    if require_grounded:
-        if format_ok and not cites:
-            reason = "no citation"
-        elif format_ok and ungrounded:
-            reason = f"cites an id it never retrieved ([{ungrounded[0]}])"
+        ungrounded = ungrounded_ids(cites, retrieved or ())
+    if require_grounded and format_ok and not cites_only_retrieved(cites, retrieved or ()):
+        reason = f"cites an id it never retrieved ([{ungrounded[0]}])" if ungrounded else "no citation"
     return AnswerParse(answer, not reason, reason, cites, format_ok, ungrounded)
-
-
-def strip_citations(text: str) -> str:
-    """Remove ``[doc_id]`` citations and normalise whitespace (no space left before punctuation)."""
-    text = CITATION_RE.sub(" ", text)
-    text = re.sub(r"\s+", " ", text).strip()
-    return re.sub(r"\s+([.,;:!?])", r"\1", text)
 
 
 def extract_conclusion(answer: str) -> str:

@@ -66,7 +66,9 @@ class EvaluationParse:
     closed: bool = False  # the <report_evaluations> block was closed
 
     def reaches_every_report(self, num_reports: int) -> bool:
-        """The evaluation got to the end: its block is closed and every report 1..K has a closed ``<report>``.
+        """The evaluation got to the end: its ``<report_evaluations>`` block is closed and every report 1..K
+        has a closed ``<report>``. An opener past K (ignored by the parse) does not undo that; an output that
+        never opened the block has not reached anything.
 
         An evaluation that stopped early (cut by its budget, or ended before the last report) says
         nothing about the reports it never reached; scoring them 0 would punish them for their place
@@ -179,8 +181,8 @@ def parse_evaluation(
         stop = openers[i + 1].start() if i + 1 < len(openers) else len(region)
         body = region[m.end() : stop]
         close = body.find(REPORT_CLOSE)
-        closed = close >= 0
-        if closed:
+        report_closed = close >= 0
+        if report_closed:
             body = body[:close]
         raw_id = parse_attributes(m.group(1)).get("id", "")
         rid_f = parse_number(raw_id)
@@ -193,7 +195,7 @@ def parse_evaluation(
         if rid in reports:
             errors.append(f"duplicate report id {rid}")
             continue
-        reports[rid] = _parse_report(rid, body, closed, rubric, require_verification, require_gap_analysis)
+        reports[rid] = _parse_report(rid, body, report_closed, rubric, require_verification, require_gap_analysis)
 
     for rid in range(1, num_reports + 1):
         rep = reports.get(rid)

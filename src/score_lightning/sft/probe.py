@@ -18,6 +18,7 @@ from score_lightning import protocol as P
 from score_lightning.data.queries import load_queries
 from score_lightning.harness.scheduler import DimensionScheduler
 from score_lightning.harness.state import HarnessState
+from score_lightning.rewards.citations import cites_only_retrieved
 from score_lightning.roles.evidence import evidence_from_hits
 from score_lightning.roles.prompts import rubric_messages, solver_messages
 from score_lightning.roles.rubric import WEIGHT_SUM_TOL, fallback_rubric, parse_rubric
@@ -85,8 +86,10 @@ def probe_policy(model, tokenizer, retriever, cfg: DictConfig, n_rubric: int, n_
             answers = parse_answers(trajs, tokenizer, RewardSettings.from_cfg(cfg))  # a(r) as RL judges it
             out["probe/answer_valid_rate"] = float(np.mean([a.valid for a in answers]))
             out["probe/cited_rate"] = float(np.mean([bool(a.cited_ids) for a in answers]))
-            cite_ok = [float(all(c in t.retrieved_ids for c in a.cited_ids)) for a, t in zip(answers, trajs) if a.cited_ids]
-            out["probe/citation_validity"] = float(np.mean(cite_ok)) if cite_ok else 0.0
+            # per citing report, all or nothing (the step's solver/citation_validity is the share of cited ids)
+            cite_ok = [float(cites_only_retrieved(a.cited_ids, t.retrieved_ids)) for a, t in zip(answers, trajs)
+                       if a.cited_ids]
+            out["probe/cites_only_retrieved_rate"] = float(np.mean(cite_ok)) if cite_ok else 0.0
             out["probe/tool_calls_mean"] = float(np.mean([t.tool_calls for t in trajs]))
             out["probe/invalid_actions_mean"] = float(np.mean([t.invalid_actions for t in trajs]))
             out["probe/truncated_rate"] = float(np.mean([t.truncated for t in trajs]))
