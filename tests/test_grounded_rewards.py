@@ -1,4 +1,4 @@
-"""Rewards that measure what the solver did: grounded validity, pointwise scoring, incomplete evaluations neutral.
+"""Rewards that measure what the solver did: grounded validity, pointwise scoring, incomplete evaluations.
 
 Every run here is a real SCORE step (real model, retriever, trainer and updates) with a scripted engine, so the
 rewards are non-zero and known in advance; the numbers are checked against hand computations.
@@ -126,8 +126,18 @@ def test_ungrounded_citation_zeroes_validity_and_is_counted(tmp_path, tiny_ckpt,
 
 
 # ----------------------------------------------------------------------------- incomplete evaluations
-def test_joint_evaluation_that_stops_early_makes_its_group_neutral(tmp_path, tiny_ckpt, corpus_file):
-    bodies = {k: "Report number %d on the question [{cite}]. Conclusion: c%d." % (k, k) for k in range(4)}
+def _grpo(rewards: list[float]) -> list[float]:
+    mean = sum(rewards) / len(rewards)
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
+    return [(r - mean) / (std + 1e-6) for r in rewards]
+
+
+@pytest.mark.parametrize("rule", ["validity", "drop", "neutral"])
+def test_joint_evaluation_that_stops_early(tmp_path, tiny_ckpt, corpus_file, rule):
+    """Reports 3-4 of one group are never reached. validity: that group trains on a(r) (report 4 is uncited);
+    drop: it leaves the update; neutral: zero advantage. The complete group trains on its full rewards."""
+    bodies = {k: "Report number %d on the question [{cite}]. Conclusion: c%d." % (k, k) for k in range(3)}
+    bodies[3] = "Report number 3 on the question, with no citation at all. Conclusion: c3."
     first_query: list[str] = []
 
     def respond(req: ScriptRequest) -> str:
@@ -146,23 +156,61 @@ def test_joint_evaluation_that_stops_early_makes_its_group_neutral(tmp_path, tin
 
     rec, _ = _run(tmp_path, ["solver.num_rollouts=4", "data.batch_size=2", "optim.mini_batch_size=2",
                              "optim.micro_batch_size=4", "evaluator.scoring=joint",
-                             "evaluator.max_response_tokens=900"], respond)
+                             "evaluator.max_response_tokens=900", f"evaluator.on_incomplete={rule}"], respond)
     step = rec.steps[0]
     rw, m = step["rewards"], step["metrics"]
     queries = step["rollouts"].queries
     cut = queries.index(first_query[0])
     assert not any(t.truncated for t in step["rollouts"].scoring)
     assert rw.complete == [i != cut for i in range(2)]
+    assert rw.validity.view(2, 4)[:, 3].tolist() == [0.0, 0.0] and rw.validity.sum() == 6
     adv = step["solver"].advantages.view(2, 4)
-    assert adv[cut].tolist() == [0.0] * 4  # not 1.9, 1.2, 1.0, 1.0 normalised: reports 3-4 were never judged
-    other = adv[1 - cut]
-    parts = [0.9, 0.2, 0.5 * 0.7 + 0.3 * 0.5 + 0.2 * 0.3, 0.4]
-    rewards = [1 + p for p in parts]
-    mean = sum(rewards) / 4
-    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / 3)
-    assert other.tolist() == pytest.approx([(r - mean) / (std + 1e-6) for r in rewards], abs=1e-5)
+    parts = [0.9, 0.2, 0.5 * 0.7 + 0.3 * 0.5 + 0.2 * 0.3]
+    assert adv[1 - cut].tolist() == pytest.approx(_grpo([1 + p for p in parts] + [0.0]), abs=1e-5)
+    if rule == "validity":  # R = a(r) for the unjudged group: not 1.9, 1.2, 1.0, 0 (reports 3-4 never judged)
+        assert rw.rewards.view(2, 4)[cut].tolist() == [1.0, 1.0, 1.0, 0.0]
+        assert adv[cut].tolist() == pytest.approx(_grpo([1.0, 1.0, 1.0, 0.0]), abs=1e-5)
+    else:
+        assert adv[cut].tolist() == [0.0] * 4
+    assert rw.excluded.tolist() == [rule == "drop" and i // 4 == cut for i in range(8)]
+    assert rw.neutral.tolist() == [rule == "neutral" and i // 4 == cut for i in range(8)]
     assert m["evaluator/incomplete_rate"] == pytest.approx(0.5)
-    assert m["solver/zero_advantage_group_rate"] == pytest.approx(0.5)
+    assert m["evaluator/unjudged_report_rate"] == pytest.approx(0.5)
+    assert m["solver/zero_advantage_group_rate"] == pytest.approx(0.0 if rule == "validity" else 0.5)
+
+
+def test_dropped_rows_count_nowhere_in_the_token_mean():
+    """on_incomplete=drop: an excluded row adds no tokens to the denominator and no gradient; a neutral row
+    (advantage 0) still counts its tokens and feels the KL."""
+    import torch
+
+    from score_lightning.rollout.trajectory import Trajectory
+    from score_lightning.step.solver_update import GRPOSettings, OptimizerHooks, solver_update
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16))
+
+    class LM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = model
+
+        def forward(self, input_ids, attention_mask=None, **_):
+            return type("Out", (), {"logits": self.net(input_ids)})()
+
+    lm = LM()
+    trajs = [Trajectory([1, 2], [3 + k, 4, 5 + k], [1, 1, 1]) for k in range(4)]
+    settings = GRPOSettings(4, 1.0, 1, 4, 1, 0.2, 0.2, 0.0, 10.0, 0.0, True, 1e-6)
+    grads = []
+    hooks = OptimizerHooks(lambda loss: grads.append(torch.autograd.grad(loss, list(lm.parameters()))),
+                           lambda: (0.0, True), torch.device("cpu"))
+    rewards = torch.tensor([1.0, 0.0, 2.0, 1.0])
+    keep = solver_update(lm, None, trajs, rewards, settings, 0, hooks)
+    drop = solver_update(lm, None, trajs, rewards, settings, 0, hooks, exclude=torch.tensor([False, False, True, True]))
+    assert keep.sums["tokens"] == 12 and drop.sums["tokens"] == 6  # rows 3-4: no tokens counted
+    assert drop.advantages.tolist() == pytest.approx([0.7071, -0.7071, 0.0, 0.0], abs=1e-4)  # over rows 1-2 only
+    neutral = solver_update(lm, None, trajs, rewards, settings, 0, hooks, neutral=torch.tensor([True] * 4))
+    assert neutral.sums["tokens"] == 12 and neutral.advantages.abs().sum() == 0
 
 
 # ----------------------------------------------------------------------------- pointwise scoring
@@ -214,7 +262,10 @@ def test_pointwise_scoring_by_hand(tmp_path, tiny_ckpt, corpus_file):
     assert step["solver"].advantages.abs().sum() > 0
 
 
-def test_pointwise_evaluation_cut_by_its_budget_makes_its_group_neutral(tmp_path, tiny_ckpt, corpus_file):
+@pytest.mark.parametrize("rule", ["validity", "drop", "neutral"])
+def test_pointwise_evaluation_cut_by_its_budget_costs_only_its_report(tmp_path, tiny_ckpt, corpus_file, rule):
+    """One of K pointwise evaluations is cut: only its report loses its score part (validity) or leaves
+    the update (drop); the K-1 judged reports keep their advantages. neutral zeroes the whole group."""
     def respond(req: ScriptRequest) -> str:
         if req.role != "scoring":
             return _pointwise_respond(req)
@@ -222,12 +273,22 @@ def test_pointwise_evaluation_cut_by_its_budget_makes_its_group_neutral(tmp_path
             return "<search>verify the cited claim</search>"
         if "A short" in req.prompt:  # rambles past the evaluator's token budget
             return "<report_evaluations><report id=\"1\"><verification>" + "checking " * 400
-        return "<report_evaluations>" + _report(1, (8, 6, 4)) + "</report_evaluations>"
+        values = (8, 6, 4) if "A detailed" in req.prompt else (4, 4, 4)
+        return "<report_evaluations>" + _report(1, values) + "</report_evaluations>"
 
-    rec, _ = _run(tmp_path, ["solver.num_rollouts=3", "optim.micro_batch_size=3", "evaluator.scoring=pointwise"],
-                  respond)
+    rec, _ = _run(tmp_path, ["solver.num_rollouts=3", "optim.micro_batch_size=3", "evaluator.scoring=pointwise",
+                             f"evaluator.on_incomplete={rule}"], respond)
     step = rec.steps[0]
+    rw, adv = step["rewards"], step["solver"].advantages
     assert [t.truncated for t in step["rollouts"].scoring] == [False, True, False]
-    assert step["rewards"].complete == [False]
-    assert step["solver"].advantages.tolist() == [0.0] * 3
+    assert rw.complete == [False] and rw.judged == [True, False, True]
+    judged = [1 + 0.5 * 0.8 + 0.3 * 0.6 + 0.2 * 0.4, 1 + 0.4]
+    if rule == "validity":
+        assert rw.rewards.tolist() == pytest.approx([judged[0], 1.0, judged[1]], abs=1e-6)
+        assert adv.tolist() == pytest.approx(_grpo([judged[0], 1.0, judged[1]]), abs=1e-5)
+    elif rule == "drop":
+        assert adv.tolist() == pytest.approx([0.7071, 0.0, -0.7071], abs=1e-4)
+    else:
+        assert adv.tolist() == [0.0] * 3
     assert step["metrics"]["evaluator/incomplete_rate"] == 1.0
+    assert step["metrics"]["evaluator/unjudged_report_rate"] == pytest.approx(1 / 3)

@@ -331,3 +331,17 @@ def test_reinforce_step_moves_sequence_logprob_with_advantage_sign(advantage):
     assert close(theta.detach(), [0.1 * advantage, -0.1 * advantage, 0.0])
     after = seq_logp().item()
     assert (after - before) * advantage > 0
+
+
+def test_group_advantages_over_included_rollouts_by_hand():
+    """evaluator.on_incomplete=drop: excluded rollouts neither shape their group's mean and std nor get an advantage."""
+    rewards = torch.tensor([1.0, 3.0, 100.0, 2.0, 5.0, 5.0, 7.0, 9.0])
+    include = torch.tensor([True, True, False, True, True, True, False, False])
+    adv = group_advantages(rewards, 4, include=include)
+    mean, std = 2.0, 1.0  # of 1, 3, 2 (unbiased std)
+    assert adv[:4].tolist() == pytest.approx([(1 - mean) / (std + 1e-6), (3 - mean) / (std + 1e-6), 0.0, 0.0], abs=1e-6)
+    assert adv[4:].tolist() == [0.0] * 4  # two included, equal rewards: no signal; the excluded get 0
+    assert group_advantages(rewards, 4, include=torch.ones(8, dtype=torch.bool)).tolist() == \
+        pytest.approx(group_advantages(rewards, 4).tolist())
+    single = group_advantages(torch.tensor([1.0, 2.0]), 2, include=torch.tensor([True, False]))
+    assert single.tolist() == [0.0, 0.0]  # one included rollout has nothing to be relative to

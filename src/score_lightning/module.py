@@ -138,7 +138,7 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, LightningModule):
                 upd = solver_update(self.policy, self.ref, ro.solver, rw.rewards, self.grpo_settings,
                                     self.tokenizer.pad_token_id, self.optimizer_hooks("solver", self.policy),
                                     need_trainer_logprobs=c.rollout.engine == "vllm", step_bonus=st.bonus,
-                                    neutral=rw.neutral)
+                                    neutral=rw.neutral, exclude=rw.excluded)
                 record_solver_update(sc, upd)  # also rollout/logprob_diff when the update computed trainer log-probs
                 metrics.update({"solver/grad_norm": float(np.mean(upd.grad_norms)) if upd.grad_norms else 0.0,
                                 "solver/updates": float(upd.updates)})

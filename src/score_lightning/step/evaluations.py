@@ -7,10 +7,11 @@ report, in its own prompt; searches, verification depth, the process gate and co
 report. Both become the same per-query record here, so reward assembly, the logs and the probes do not
 care which protocol produced it.
 
-**Incomplete evaluations are neutral.** An evaluation that was cut by its budget, or ended before it
-closed every report's block, says nothing about the reports it did not reach. Scoring them 0 would
-make their reward fall to a(r) because of their place in the list, so such a group is marked
-incomplete and its solver advantages are set to 0 (``evaluator/incomplete_rate`` counts it).
+**Incomplete evaluations.** An evaluation that was cut by its budget, or ended before it closed every
+report's block, says nothing about the reports it did not reach. Each report records whether a complete
+evaluation judged it (``judged``: under ``joint`` the group's one evaluation, under ``pointwise`` the
+report's own); what an unjudged report's reward becomes is ``evaluator.on_incomplete``
+(``step/reward_assembly.py``). ``evaluator/incomplete_rate`` counts groups with an incomplete evaluation.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class GroupEvaluation:
     process_ok: tuple[bool, ...]  # per report: its evaluation met the harness's process rules
     evaluations_valid: tuple[bool, ...]  # per evaluation (1 joint, K pointwise): its XML parsed completely
     complete: bool  # every evaluation reached every report it had to score, and none was truncated
+    judged: tuple[bool, ...] = ()  # per report: a complete evaluation scored it (joint: all K share one)
 
     def report_valid(self, rid: int) -> bool:
         rep = self.parse.reports.get(rid)
@@ -81,15 +83,17 @@ def group_evaluations(scoring: Sequence[Trajectory], rubrics: Sequence[Rubric], 
         if protocol == "joint":
             ev = _parse(trajs[0], rubric, K, pc, tokenizer)
             ok = meets_process_rules(ev, K, pc)
-            out.append(GroupEvaluation(ev, (len(trajs[0].search_queries),) * K, (ok,) * K, (ev.valid,),
-                                       _complete(ev, trajs[0], K)))
+            done = _complete(ev, trajs[0], K)
+            out.append(GroupEvaluation(ev, (len(trajs[0].search_queries),) * K, (ok,) * K, (ev.valid,), done,
+                                       (done,) * K))
             continue
         evs = [_parse(t, rubric, 1, pc, tokenizer) for t in trajs]
         reports = {k: replace(ev.reports[1], report_id=k) for k, ev in enumerate(evs, 1) if 1 in ev.reports}
         merged = EvaluationParse(reports, valid=all(ev.valid for ev in evs),
                                  error=next((f"report {k}: {ev.error}" for k, ev in enumerate(evs, 1) if ev.error), ""),
                                  closed=all(ev.closed for ev in evs))
+        judged = tuple(_complete(ev, t, 1) for ev, t in zip(evs, trajs))
         out.append(GroupEvaluation(merged, tuple(len(t.search_queries) for t in trajs),
                                    tuple(meets_process_rules(ev, 1, pc) for ev in evs), tuple(ev.valid for ev in evs),
-                                   all(_complete(ev, t, 1) for ev, t in zip(evs, trajs))))
+                                   all(judged), judged))
     return out

@@ -102,7 +102,7 @@ def entropy_from_logits(logits: Tensor, chunk_rows: int = _CHUNK_ROWS) -> Tensor
 
 
 def group_advantages(
-    rewards: Tensor, group_size: int, normalize_std: bool = True, eps: float = 1e-6
+    rewards: Tensor, group_size: int, normalize_std: bool = True, eps: float = 1e-6, include: Tensor | None = None
 ) -> Tensor:
     """GRPO advantages ``(r - mean_group) / (std_group + eps)`` for group-contiguous rewards.
 
@@ -117,6 +117,9 @@ def group_advantages(
 
     A group whose rewards are all equal carries no learning signal: its advantages are set to
     exactly 0 (not ``tiny / eps``, which float rounding of the mean could otherwise produce).
+
+    ``include`` ([B*K] bool, ``evaluator.on_incomplete=drop``): only these rollouts form their group's
+    mean and std; the others get advantage 0. A group with fewer than two included rollouts has none.
     """
     if group_size < 2:
         raise ValueError(f"group_size must be >= 2 for group-relative advantages, got {group_size}")
@@ -128,6 +131,8 @@ def group_advantages(
     if not r.is_floating_point():
         r = r.float()
     grouped = r.view(-1, group_size)
+    if include is not None:
+        return _masked_group_advantages(grouped, include.to(grouped.device).view(-1, group_size), normalize_std, eps)
     mean = grouped.mean(dim=1, keepdim=True)
     adv = grouped - mean
     if normalize_std:
@@ -136,6 +141,22 @@ def group_advantages(
     constant = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)
     adv = torch.where(constant, torch.zeros_like(adv), adv)
     return adv.reshape(-1)
+
+
+def _masked_group_advantages(grouped: Tensor, include: Tensor, normalize_std: bool, eps: float) -> Tensor:
+    """:func:`group_advantages` over the included rollouts of each group (same conventions)."""
+    inc = include.to(grouped.dtype)
+    n = inc.sum(dim=1, keepdim=True)
+    mean = (grouped * inc).sum(dim=1, keepdim=True) / n.clamp(min=1.0)
+    adv = (grouped - mean) * inc
+    if normalize_std:
+        std = ((adv ** 2).sum(dim=1, keepdim=True) / (n - 1.0).clamp(min=1.0)).sqrt()
+        adv = adv / (std + eps)
+    big, small = torch.finfo(grouped.dtype).max, torch.finfo(grouped.dtype).min
+    hi = torch.where(include, grouped, torch.full_like(grouped, small)).amax(dim=1, keepdim=True)
+    lo = torch.where(include, grouped, torch.full_like(grouped, big)).amin(dim=1, keepdim=True)
+    silent = (n < 2) | (hi == lo)
+    return torch.where(silent | ~include, torch.zeros_like(adv), adv).reshape(-1)
 
 
 def k3_kl(logp: Tensor, ref_logp: Tensor, log_ratio_clamp: float = 20.0, kl_clamp: float = 10.0) -> Tensor:

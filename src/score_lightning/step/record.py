@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from score_lightning.step.losses import group_advantages
 from score_lightning.step.reward_assembly import StepRewards
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_update import SolverUpdateResult
@@ -32,16 +33,20 @@ def record_rewards(sc: StepScalars, ro: StepRollouts, rw: StepRewards, num_rollo
     sc.citations.update([(a.cited_ids, t.retrieved_ids) for a, t in zip(rw.answers, ro.solver)])
     formatted = [a for a in rw.answers if a.format_valid]  # valid but for grounding: what reward.citations=retrieved judges
     sc.mean("solver/ungrounded_citation_rate", float(sum(bool(a.ungrounded) for a in formatted)), len(formatted))
-    grouped = rw.rewards.view(-1, num_rollouts)
-    neutral = rw.neutral.view(-1, num_rollouts)[:, 0]  # incomplete evaluation: zero advantage whatever the rewards
-    equal = ((grouped.amax(dim=1) == grouped.amin(dim=1)) | neutral).float()
+    # the groups the solver update gives no gradient: equal rewards (among the judged reports under
+    # evaluator.on_incomplete=drop), or an incomplete evaluation under on_incomplete=neutral
+    adv = group_advantages(rw.rewards, num_rollouts, include=~rw.excluded if rw.excluded.any() else None)
+    adv = adv.masked_fill(rw.neutral, 0.0).view(-1, num_rollouts)
+    equal = (adv.abs().amax(dim=1) == 0).float()
     no_valid = (rw.validity.view(-1, num_rollouts).sum(dim=1) == 0).float()
-    groups = grouped.shape[0]
+    groups = adv.shape[0]
+    incomplete = rw.incomplete_groups if rw.complete else torch.zeros(groups, dtype=torch.bool)
     sc.mean("solver/zero_advantage_group_rate", float(equal.sum()), groups)
     sc.mean("solver/no_valid_report_group_rate", float(no_valid.sum()), groups)
     sc.mean("evaluator/verified_rate", float(rw.verified.float().sum()), n)
     sc.mean("evaluator/process_gate_rate", float((~rw.process_ok).float().sum()) / num_rollouts, groups)
-    sc.mean("evaluator/incomplete_rate", float(neutral.float().sum()), groups)
+    sc.mean("evaluator/incomplete_rate", float(incomplete.float().sum()), groups)
+    sc.mean("evaluator/unjudged_report_rate", float(sum(not j for j in rw.judged)), len(rw.judged))
     sc.mean("evaluator/scoring_valid_rate", float(sum(rw.eval_valid)), len(rw.eval_valid))
     sc.mean("evaluator/report_scores_valid_rate", float(sum(rw.reports_valid)), len(rw.reports_valid))
     sc.mean("evaluator/verification_depth_mean", float(sum(len(t.search_queries) for t in ro.scoring)), len(ro.scoring))

@@ -15,8 +15,19 @@ R_s(r) = a(r) * (1 + sum_j w_j s_j(r)), with two gates that make the harness con
 
 Either scoring protocol (``evaluator.scoring``) arrives as one :class:`GroupEvaluation` per query
 (:mod:`~score_lightning.step.evaluations`): under ``joint`` the gate covers the query's one evaluation,
-under ``pointwise`` each report's own. A group whose evaluation is incomplete keeps its rewards (for the
-logs) but is ``neutral``: the solver update gives it zero advantage.
+under ``pointwise`` each report's own.
+
+**An incomplete evaluation costs only what it does not know** (``evaluator.on_incomplete``). A report
+is *unjudged* when no complete evaluation scored it: under ``joint`` every report of a group whose one
+evaluation was cut or ended early, under ``pointwise`` only the report whose own evaluation was.
+
+* ``validity`` (default): an unjudged report's reward is R = a(r), which was measured without the
+  evaluator; its score part is 0 and the verifier (which checks the evaluation's searches) does not
+  apply to it. Every row trains and counts in the token-mean denominator.
+* ``drop``: unjudged reports leave the update; their group's advantages are normalised over the judged
+  ones, and their tokens count nowhere (not in the loss, not in the denominator).
+* ``neutral`` (the rule before): every report of a group with an incomplete evaluation gets advantage 0;
+  the rows stay in the loss (their tokens count in the denominator and feel the KL).
 
 Validity a(r) follows ``reward.citations``: ``any`` (the paper's rule: any bracketed id counts) or
 ``retrieved`` (at least one citation, and every cited id among those the trajectory's searches returned).
@@ -38,6 +49,7 @@ from score_lightning.rollout.trajectory import Trajectory
 from score_lightning.step.evaluations import GroupEvaluation, group_evaluations, meets_process_rules  # noqa: F401
 
 CITATION_RULES = ("any", "retrieved")
+ON_INCOMPLETE = ("validity", "drop", "neutral")
 
 
 @dataclass(frozen=True)
@@ -52,13 +64,15 @@ class RewardSettings:
     citations: str = "any"  # reward.citations: any | retrieved (grounded validity)
     scoring: str = "joint"  # evaluator.scoring: joint | pointwise
     tau_from_harness: bool = False  # verifier.tau_from_harness
+    on_incomplete: str = "validity"  # evaluator.on_incomplete: validity | drop | neutral
 
     @classmethod
     def from_cfg(cls, cfg) -> "RewardSettings":
         return cls(bool(cfg.reward.require_citation), int(cfg.reward.min_answer_chars), bool(cfg.verifier.enabled),
                    int(cfg.verifier.min_search_depth), str(cfg.verifier.get("zero", "reward")),
                    str(cfg.reward.get("citations", "any")), str(cfg.evaluator.get("scoring", "joint")),
-                   bool(cfg.verifier.get("tau_from_harness", False)))
+                   bool(cfg.verifier.get("tau_from_harness", False)),
+                   str(cfg.evaluator.get("on_incomplete", "validity")))
 
 
 @dataclass
@@ -76,15 +90,29 @@ class StepRewards:
     rewards: Tensor  # [N] s_i^k, what GRPO normalises
     tau: int
     reports_valid: list[bool] = field(default_factory=list)  # per report: its scores parsed completely (what feeds R_s)
-    complete: list[bool] = field(default_factory=list)  # per query: its evaluation reached every report (else neutral)
+    complete: list[bool] = field(default_factory=list)  # per query: every evaluation reached every report
+    judged: list[bool] = field(default_factory=list)  # per report: a complete evaluation scored it
+    on_incomplete: str = "validity"  # what an unjudged report costs (module docstring)
+
+    @property
+    def incomplete_groups(self) -> Tensor:
+        """[B] bool: queries with at least one incomplete evaluation."""
+        return torch.tensor([not c for c in self.complete], dtype=torch.bool)
 
     @property
     def neutral(self) -> Tensor:
-        """[N] bool: reports of groups whose evaluation was incomplete; their solver advantage is 0."""
-        if not self.complete:
+        """[N] bool (``on_incomplete=neutral``): reports of groups with an incomplete evaluation; advantage 0."""
+        if not self.complete or self.on_incomplete != "neutral":
             return torch.zeros(len(self.answers), dtype=torch.bool)
         k = len(self.answers) // len(self.complete)
-        return torch.tensor([not c for c in self.complete for _ in range(k)], dtype=torch.bool)
+        return self.incomplete_groups.repeat_interleave(k)
+
+    @property
+    def excluded(self) -> Tensor:
+        """[N] bool (``on_incomplete=drop``): unjudged reports, which leave the solver update."""
+        if not self.judged or self.on_incomplete != "drop":
+            return torch.zeros(len(self.answers), dtype=torch.bool)
+        return ~torch.tensor(self.judged, dtype=torch.bool)
 
 
 def rubric_part(scores: Tensor, rubric: Rubric) -> Tensor:
@@ -141,6 +169,12 @@ def rewards_from_evaluations(answers: Sequence[AnswerParse], groups: Sequence[Gr
                   settings)
     out.reports_valid = [g.report_valid(rid) for g in groups for rid in range(1, num_reports + 1)]
     out.complete = [g.complete for g in groups]
+    out.judged = [j for g in groups for j in (g.judged or (g.complete,) * num_reports)]
+    out.on_incomplete = settings.on_incomplete
+    if settings.on_incomplete == "validity":
+        judged = torch.tensor(out.judged, dtype=torch.bool)
+        out.rewards = torch.where(judged, out.rewards, out.validity)
+        out.rubric_part = torch.where(judged, out.rubric_part, torch.zeros_like(out.rubric_part))
     return out
 
 

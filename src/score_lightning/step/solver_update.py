@@ -104,19 +104,25 @@ def solver_update(policy: nn.Module, ref: nn.Module | None, trajs: Sequence[Traj
                   settings: GRPOSettings, pad_id: int, hooks: OptimizerHooks,
                   need_trainer_logprobs: bool = False,
                   step_bonus: Sequence[Sequence[TokenBonus]] | None = None,
-                  neutral: Tensor | None = None) -> SolverUpdateResult:
+                  neutral: Tensor | None = None, exclude: Tensor | None = None) -> SolverUpdateResult:
     """GRPO over this rank's trajectories (query-major, K per query). Collective under data parallelism.
 
     ``step_bonus`` (one list per trajectory): per-token additions to the trajectory advantage.
-    ``neutral`` ([N] bool): trajectories of groups whose evaluation was incomplete get advantage 0.
+    Incomplete evaluations (``evaluator.on_incomplete``, see ``step/reward_assembly.py``):
+    ``neutral`` ([N] bool) trajectories get advantage 0 but stay in the loss (their tokens count in the
+    token-mean denominator and feel the KL); ``exclude`` ([N] bool) trajectories leave the update: their
+    group's advantages are normalised over the rest, and their tokens count nowhere.
     """
     s = settings
-    adv = group_advantages(rewards, s.num_rollouts, normalize_std=s.norm_adv_by_std, eps=s.adv_eps)
+    include = None if exclude is None else ~exclude.to(torch.bool)
+    adv = group_advantages(rewards, s.num_rollouts, normalize_std=s.norm_adv_by_std, eps=s.adv_eps, include=include)
     if neutral is not None:
         adv = adv.masked_fill(neutral.to(adv.device), 0.0)
     tr = training_rows(trajs)
     batch = build_token_batch([t.prompt_ids for t in tr.rows], [t.response_ids for t in tr.rows],
                               [t.response_mask for t in tr.rows], pad_id)
+    if exclude is not None and tr.rows:
+        batch.loss_mask[exclude.to(torch.bool)[torch.as_tensor(tr.owner, dtype=torch.long)]] = 0.0
     row_adv = adv[torch.as_tensor(tr.owner, dtype=torch.long)] if tr.rows else adv
     tok_adv = token_advantages(batch, tr, adv, step_bonus) if step_bonus is not None else None
     mini_batches = [tr.of(mb) for mb in s.mini_batches(len(trajs) // s.num_rollouts, D.world_size())]

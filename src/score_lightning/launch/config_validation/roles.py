@@ -41,6 +41,9 @@ def check_evaluator(c: Checks) -> None:
     c("evaluator.constrained_scoring", *BOOL)
     c("evaluator.scoring", one_of("joint", "pointwise"),
       "'joint' (one evaluation of all K reports) or 'pointwise' (one evaluation per report)")
+    c("evaluator.on_incomplete", one_of("validity", "drop", "neutral"),
+      "'validity' (an unjudged report's reward is a(r)), 'drop' (it leaves the update) or 'neutral' (its group gets "
+      "advantage 0)")
     c("evaluator.show_retrieved", *BOOL)
     for field in (c.get("evaluator.constrained_max_chars") or {}):
         if field not in ("think", "query", "section", "reason"):
