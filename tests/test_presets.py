@@ -86,6 +86,30 @@ def test_low_precision_master_weights_are_refused_at_a_small_lr(experiment):
         validate_config(compose([f"experiment={experiment}", "model.dtype=half"]))
 
 
+def test_the_refusal_matches_its_arithmetic_and_covers_the_evaluators_rate():
+    """bf16 steps round away on a 0.02 weight up to lr ~6.1e-5 (fp16: ~7.6e-6), for either optimiser."""
+    from score_lightning.launch.config_validation.model import vanishing_lr
+
+    assert vanishing_lr("bf16") == pytest.approx(2.0 ** -6 * 2.0 ** -7 / 2)  # half the spacing near 0.02
+    assert vanishing_lr("fp16") == pytest.approx(2.0 ** -6 * 2.0 ** -10 / 2)
+    with pytest.raises(ConfigError, match=r"model.dtype='bfloat16' with optim.lr=5e-05: .*round"):
+        validate_config(compose(["experiment=tiny_score", "model.dtype=bfloat16", "optim.lr=5e-5"]))
+    validate_config(compose(["experiment=tiny_score", "model.dtype=float16", "optim.lr=5e-5"]))  # fp16 keeps it
+    with pytest.raises(ConfigError, match=r"with evaluator.alpha \* optim.lr=5e-05"):
+        validate_config(compose(["experiment=tiny_score", "model.dtype=bf16", "optim.lr=1e-4", "evaluator.alpha=0.5"]))
+    # the evaluator does not train, or steps the solver's optimiser (alpha weights the loss): its rate is not checked
+    validate_config(compose(["experiment=tiny_score", "model.dtype=bf16", "optim.lr=1e-4", "evaluator.alpha=0.5",
+                             "evaluator.enabled=false"]))
+    validate_config(compose(["experiment=tiny_score", "model.dtype=bf16", "optim.lr=1e-4", "evaluator.alpha=0.5",
+                             "evaluator.optimizer=shared"]))
+
+
+def test_reusing_a_frozen_bottom_needs_one():
+    with pytest.raises(ConfigError, match="optim.reuse_frozen_bottom=true without model.trainable_layers"):
+        validate_config(compose(["experiment=tiny_score", "optim.reuse_frozen_bottom=true"]))
+    validate_config(compose(["experiment=tiny_score", "optim.reuse_frozen_bottom=true", "model.trainable_layers=1"]))
+
+
 def test_bf16_master_weights_on_the_paper_recipe_are_refused_by_the_cli_in_seconds(tmp_path):
     import os
     import subprocess

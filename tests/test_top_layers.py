@@ -174,7 +174,9 @@ def test_two_steps_with_reuse_export_the_weights_of_two_steps_without(tmp_path, 
                             "evaluator.max_rubric_tokens=160", "model.trainable_layers=1",
                             f"optim.reuse_frozen_bottom={str(reuse).lower()}"]))
         weights.append(load_file(next((out / "export").glob("*.safetensors"))))
-    assert [s["hits"] for s in seen] == [0, 0, 2, 2]  # per step: the solver's and the evaluator's gradient passes
+    # per step, one scope per update (solver, then evaluator), each replaying its gradient pass once: the
+    # solver's records are freed before the evaluator's update starts
+    assert [s["hits"] for s in seen] == [0, 0, 0, 0, 1, 1, 1, 1]
     start = load_file(next(tiny_ckpt.glob("*.safetensors")))
     assert any(not torch.equal(weights[0][n], start[n]) for n in weights[0] if "layers.1." in n)  # it trained
     assert weights[0].keys() == weights[1].keys()
@@ -193,3 +195,17 @@ class _Recorded:
     def __exit__(self, *exc):
         self.seen.append(dict(self.stats))
         return self.scope.__exit__(*exc)
+
+
+def test_a_separate_evaluator_trains_the_same_top_layers(tiny_ckpt):
+    """``model.trainable_layers`` with ``actor.shared=false`` (the frozen-solver ablation): the evaluator's own
+    model trains its top layers only, like the solver, not every weight."""
+    from helpers import FAST
+    from score_lightning.module import ScoreModule
+
+    cfg = compose(FAST + ["model.trainable_layers=1", "actor.shared=false", "solver.freeze=true"])
+    module = ScoreModule(cfg, str(tiny_ckpt))
+    module.configure_model()
+    trained = sorted(n for n, p in module.evaluator_policy.named_parameters() if p.requires_grad)
+    assert trained and all(".layers.1." in n or n == "model.norm.weight" for n in trained), trained
+    assert not any(p.requires_grad for p in module.policy.parameters())  # the frozen solver

@@ -132,25 +132,26 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, LightningModule):
         metrics: dict[str, float] = dict(ro.rubrics.stats)
         metrics.update(self.rubric_source.observe(self.rubric_context(), ro.queries, ro.query_ids, rw.item_scores,
                                                   self._reports(rw), rw.rewards.view(-1, self.K).tolist()))
-        with update_scope(c, self.policy):  # frozen bottom layers run once per input (top_layers.py)
-            upd = None
-            if not bool(c.solver.freeze):
+        upd = None
+        if not bool(c.solver.freeze):
+            with update_scope(c, self.policy):  # frozen bottom layers run once per input; freed after this update
                 upd = solver_update(self.policy, self.ref, ro.solver, rw.rewards, self.grpo_settings,
                                     self.tokenizer.pad_token_id, self.optimizer_hooks("solver", self.policy),
                                     need_trainer_logprobs=c.rollout.engine == "vllm", step_bonus=st.bonus,
                                     neutral=rw.neutral, exclude=rw.excluded)
-                record_solver_update(sc, upd)  # also rollout/logprob_diff when the update computed trainer log-probs
-                metrics.update({"solver/grad_norm": float(np.mean(upd.grad_norms)) if upd.grad_norms else 0.0,
-                                "solver/updates": float(upd.updates)})
-            # Phase 2: each rubric sample's reward (pooled over ranks), EMA-centred, REINFORCE every U steps
-            kind = str(c.evaluator.reward)
-            rewards, consistency = sample_rewards(kind, ro, rw, sc, self.K, float(c.evaluator.invalid_rubric_reward),
-                                                  self._preference_value(ro) if kind == "preference" else None)
-            advantages, r_eval, advantage = centre(rewards, self.baseline)
-            trained, advantages = st.fold([s for (s, _), r in zip(ro.rubrics.samples, rewards) if r is not None],
-                                          advantages, r_eval is not None and self.rubric_source.trains_evaluator)
-            due = (self.score_step + 1) % int(c.evaluator.update_every) == 0
-            if trained is not None and bool(c.evaluator.enabled) and due:
+            record_solver_update(sc, upd)  # also rollout/logprob_diff when the update computed trainer log-probs
+            metrics.update({"solver/grad_norm": float(np.mean(upd.grad_norms)) if upd.grad_norms else 0.0,
+                            "solver/updates": float(upd.updates)})
+        # Phase 2: each rubric sample's reward (pooled over ranks), EMA-centred, REINFORCE every U steps
+        kind = str(c.evaluator.reward)
+        rewards, consistency = sample_rewards(kind, ro, rw, sc, self.K, float(c.evaluator.invalid_rubric_reward),
+                                              self._preference_value(ro) if kind == "preference" else None)
+        advantages, r_eval, advantage = centre(rewards, self.baseline)
+        trained, advantages = st.fold([s for (s, _), r in zip(ro.rubrics.samples, rewards) if r is not None],
+                                      advantages, r_eval is not None and self.rubric_source.trains_evaluator)
+        due = (self.score_step + 1) % int(c.evaluator.update_every) == 0
+        if trained is not None and bool(c.evaluator.enabled) and due:
+            with update_scope(c, self.eval_model):  # the evaluator's own replays, freed after its update
                 metrics.update(evaluator_update(self.eval_model, self.ref, trained, advantages, self.reinforce_settings,
                                                 self.tokenizer.pad_token_id, self.optimizer_hooks("evaluator", self.eval_model)))
         t3 = time.perf_counter()

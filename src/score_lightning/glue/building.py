@@ -23,7 +23,9 @@ class BuildingHooks:
         if float(self.cfg.loss.kl_coef) > 0:
             self.ref = load_reference(self.model_path, m.dtype, self.policy, trainable_layers=top)
         if not self.cfg.actor.shared:
-            self.evaluator_policy = load_policy(self.model_path, m.dtype, m.gradient_checkpointing)
+            # a separate evaluator trains what the solver trains (model.trainable_layers: its top N layers too)
+            self.evaluator_policy = load_policy(self.model_path, m.dtype, m.gradient_checkpointing,
+                                                trainable_layers=top)
         if bool(self.cfg.solver.freeze):
             self.policy.requires_grad_(False)  # a frozen solver has no optimiser state and no gradient
         if self.cfg.strategy.name == "fsdp":

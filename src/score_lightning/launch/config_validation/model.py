@@ -10,9 +10,26 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from score_lightning.launch.config_validation.values import Checks, integer, number
 
 _DTYPES = {"float32", "fp32", "bfloat16", "bf16", "float16", "fp16"}  # models.resolve_dtype (no torch import here)
-_LOW_PRECISION = {"bfloat16", "bf16", "float16", "fp16"}
-#: at or below this lr an AdamW step (~lr) is smaller than half the bf16/fp16 spacing of typical weights
-LOW_PRECISION_MAX_LR = 1e-5
+#: significant bits of each low-precision dtype (the stored mantissa plus the implicit one)
+_SIGNIFICANT_BITS = {"bfloat16": 8, "bf16": 8, "float16": 11, "fp16": 11}
+#: a typical weight magnitude of a trained transformer (init std ~0.02)
+TYPICAL_WEIGHT = 0.02
+
+
+def vanishing_lr(dtype: str) -> float:
+    """The largest learning rate whose AdamW steps (~lr) round away on a typical weight in ``dtype``.
+
+    Near w = 0.02 = 1.28 * 2^-6 the spacing is 2^-6 * 2^(1 - significant bits), and round-to-nearest
+    keeps a weight whose step is under half of it: bf16 (8 bits) 6.1e-5, fp16 (11 bits) 7.6e-6.
+    """
+    import math
+
+    exponent = math.floor(math.log2(TYPICAL_WEIGHT))
+    return 0.5 * 2.0 ** (exponent + 1 - _SIGNIFICANT_BITS[dtype])
+
+
+#: bf16's: the one the paper's recipes would meet (kept for callers that read one number)
+LOW_PRECISION_MAX_LR = vanishing_lr("bf16")
 
 #: SFT settings that only suit the from-scratch tiny model: (key, refused when, what they are for)
 _FROM_SCRATCH_SFT = (("sft.lr", lambda v: v > 1e-4, "a from-scratch learning rate"),
@@ -57,6 +74,7 @@ def check_model(c: Checks) -> None:
         c.add(f"model.chat_template={template!r}: neither a Jinja template nor a file")
     check_lora(c)
     check_trainable_layers(c)
+    check_frozen_bottom_reuse(c)
     check_sft(c)
 
 
@@ -64,20 +82,31 @@ def check_master_weights(c: Checks) -> None:
     """``model.dtype`` is the dtype of the weights the optimiser updates (FSDP2 shards them as loaded).
 
     bf16 keeps 8 significant bits: near a weight of 0.02 its spacing is ~1.2e-4, so an AdamW step of
-    ~lr = 1e-6 rounds back to the same weight and the run trains almost nothing, silently. Compute
-    in bf16 comes from ``trainer.precision`` / ``strategy.mixed_precision`` instead.
+    ~lr rounds back to the same weight for every lr up to ~6.1e-5 (:func:`vanishing_lr`), and the run
+    trains almost nothing, silently. The check covers both optimisers: the solver's lr and the
+    evaluator's own ``evaluator.alpha * optim.lr``. Compute in bf16 comes from ``trainer.precision`` /
+    ``strategy.mixed_precision`` instead.
     """
     c("model.dtype", lambda v: v in _DTYPES, f"one of {sorted(_DTYPES)}")
     dtype, lr = c.get("model.dtype"), c.get("optim.lr")
-    if dtype not in _LOW_PRECISION or not isinstance(lr, (int, float)) or lr > LOW_PRECISION_MAX_LR:
+    if dtype not in _SIGNIFICANT_BITS or not isinstance(lr, (int, float)) or isinstance(lr, bool):
         return
     if c.get("model.allow_low_precision_weights", False) is True:
         return
-    c.add(f"model.dtype={dtype!r} with optim.lr={lr:g}: the optimiser would update {dtype} master weights, "
-          f"whose spacing near a weight of 0.02 is ~1.2e-4 (bf16) or ~1.5e-5 (fp16), so steps of ~lr round "
-          "away and the run trains almost nothing; use model.dtype=float32 (bf16 compute comes from "
-          "trainer.precision=bf16-mixed and strategy.mixed_precision=bf16), or set "
-          "model.allow_low_precision_weights=true if the rounding is intended")
+    limit = vanishing_lr(dtype)
+    rates = [("optim.lr", float(lr))]
+    alpha = c.get("evaluator.alpha")
+    own = c.get("evaluator.optimizer", "own") == "own" or c.get("actor.shared") is False
+    if c.get("evaluator.enabled") is True and own and isinstance(alpha, (int, float)) and alpha > 0:
+        rates.append(("evaluator.alpha * optim.lr", float(alpha) * float(lr)))
+    for name, rate in rates:
+        if rate > limit:
+            continue
+        c.add(f"model.dtype={dtype!r} with {name}={rate:g}: the optimiser would update {dtype} master weights, "
+              f"whose spacing near a weight of {TYPICAL_WEIGHT} makes every step of ~lr <= {limit:.2g} round away, "
+              "so the run trains almost nothing; use model.dtype=float32 (bf16 compute comes from "
+              "trainer.precision=bf16-mixed and strategy.mixed_precision=bf16), or set "
+              "model.allow_low_precision_weights=true if the rounding is intended")
 
 
 def check_lora(c: Checks) -> None:
@@ -117,6 +146,13 @@ def check_trainable_layers(c: Checks) -> None:
     if c.get("strategy.name") == "fsdp":
         c.add("model.trainable_layers with strategy=fsdp: FSDP2 shards frozen and trainable weights alike and "
               "its reference would need the top layers' start sharded too; use strategy=ddp or single")
+
+
+def check_frozen_bottom_reuse(c: Checks) -> None:
+    """``optim.reuse_frozen_bottom`` needs frozen bottom layers, i.e. ``model.trainable_layers``."""
+    if c.get("optim.reuse_frozen_bottom", False) is True and c.get("model.trainable_layers") is None:
+        c.add("optim.reuse_frozen_bottom=true without model.trainable_layers: every layer trains, so there is no "
+              "frozen bottom to run once; set model.trainable_layers=N or optim.reuse_frozen_bottom=false")
 
 
 def check_sft(c: Checks) -> None:
