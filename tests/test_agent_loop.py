@@ -221,3 +221,26 @@ def test_sampled_logprobs_drop_the_synced_forwards_after_a_rank_finished():
     got = rec.finish(tokens)
     want = torch.stack([torch.log_softmax(logits[j], -1).gather(-1, tokens[:, j:j + 1]).squeeze(-1) for j in range(3)], 1)
     assert got.shape == (2, 3) and torch.allclose(got, want)
+
+
+def test_a_hit_cut_out_of_the_observation_was_not_retrieved(tokenizer):
+    """"Retrieved" means shown: with a budget that keeps only the first passage's line head, the second hit's
+    id is not among the trajectory's retrieved ids, so citing it is citing what the model never saw."""
+    from score_lightning.rollout.agent import format_observation
+
+    tok = tokenizer
+    hits = [SearchHit("doc.first", '"doc.first"\n' + "first passage text " * 20, 2.0),
+            SearchHit("doc.second", '"doc.second"\nsecond passage', 1.0)]
+    ids, shown = format_observation(hits, 12, tok)
+    assert shown == ["doc.first"] and "[doc.second]" not in tok.decode(ids)
+    _, both = format_observation(hits, 4096, tok)
+    assert both == ["doc.first", "doc.second"]
+
+    class TwoHits(FakeRetriever):
+        def search(self, queries, topk):
+            return [hits for _ in queries]
+
+    engine = ScriptedEngine(tok, [["<search>first second</search>", "<answer>It reads [doc.first] [doc.second].</answer>"]])
+    traj = run_agent(engine, tok, [_prompt(tok, "question")], TwoHits(),
+                     AgentConfig(max_tool_calls=2, max_response_tokens=400, max_observation_tokens=12))[0]
+    assert traj.retrieved_ids == ["doc.first"]

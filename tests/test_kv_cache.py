@@ -146,3 +146,20 @@ def test_grouped_attention_equals_hf_sdpa(tiny_ckpt):
     assert torch.allclose(a[mask.bool()], b[mask.bool()], atol=1e-5)
     kw = dict(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0)
     assert torch.equal(ours.generate(**kw), hf.generate(**kw))
+
+
+def test_grouped_attention_is_cpu_only(monkeypatch):
+    """Off the CPU (measured only there; on CUDA the folded layout would copy the mask per group) a query
+    takes HF's own sdpa path. A meta-device query stands in for a GPU's here."""
+    import score_lightning.policy.attention as A
+
+    calls = []
+    monkeypatch.setattr(A, "sdpa_attention_forward", lambda *a, **k: calls.append(a[1].device.type) or ("hf", None))
+    module = type("Attn", (), {"num_key_value_groups": 3})()
+    q = torch.zeros(1, 6, 4, 8, device="meta")
+    kv = torch.zeros(1, 2, 4, 8, device="meta")
+    mask = torch.zeros(1, 1, 4, 4, device="meta")
+    assert A.grouped_sdpa_attention_forward(module, q, kv, kv, mask)[0] == "hf" and calls == ["meta"]
+    cpu_q, cpu_kv, cpu_mask = torch.zeros(1, 6, 4, 8), torch.zeros(1, 2, 4, 8), torch.zeros(1, 1, 4, 4)
+    out, _ = A.grouped_sdpa_attention_forward(module, cpu_q, cpu_kv, cpu_kv, cpu_mask)
+    assert calls == ["meta"] and tuple(out.shape) == (1, 4, 6, 8)  # the CPU query took the grouped path

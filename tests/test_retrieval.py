@@ -291,6 +291,24 @@ def test_wrong_result_length_is_retried_then_fails():
         server.should_exit = True
 
 
+@pytest.mark.parametrize("doc", [{"contents": "no id here"}, {"id": "", "contents": "empty id"},
+                                 {"id": None, "contents": "null id"}])
+def test_a_hit_without_an_id_is_refused_naming_the_server(doc):
+    """Once: a hit without an id is the server's bug, not an outage, and every report citing from it would be
+    invalid under reward.citations=retrieved (it used to become id "", silently)."""
+    from score_lightning.errors import RetrieverUnavailable
+
+    app, seen = _scripted_app([(200, {"result": [[{"document": doc, "score": 1.0}]]})])
+    server, base = serve_in_thread(app)
+    try:
+        client = HTTPRetriever(base + "/retrieve", max_retries=3, backoff_s=0.0)
+        with pytest.raises(RetrieverUnavailable, match=rf"retriever at {base}/retrieve returned a hit without an id"):
+            client.search(["q"], topk=1)
+        assert len(seen) == 1  # not retried
+    finally:
+        server.should_exit = True
+
+
 # ------------------------------------------------------------------------------ factory, script
 
 

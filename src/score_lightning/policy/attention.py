@@ -8,6 +8,12 @@ are a fresh allocation per layer and step. Here the query heads that share a key
 folded into the query-length axis instead (``[B, Hkv, groups * q, D]``, the mask repeated along it),
 which is the same attention with no copy of the keys or values.
 
+**CPU only.** That was measured on CPU, where SDPA's math kernel takes any layout. On CUDA the
+folded layout would need the mask repeated ``groups`` times (7x for Qwen2.5-7B: a real copy, not a
+view, since the grouped rows cannot be a stride-0 view of the mask's rows) and would leave the fused
+kernels HF's path can use, with nothing measured to gain: a query on any other device takes HF's own
+``sdpa`` path, unchanged.
+
 :func:`use_grouped_attention` switches a loaded model to it when the model runs HF ``sdpa`` with
 grouped heads. ``config._attn_implementation`` is not saved with the checkpoint, so exports load with
 plain ``sdpa`` elsewhere (vLLM, HF).
@@ -33,7 +39,7 @@ def grouped_sdpa_attention_forward(module: nn.Module, query: torch.Tensor, key: 
     with ``q > 1`` (causal by flag) the grouped layout cannot use ``is_causal``: HF's own path runs then.
     """
     groups = getattr(module, "num_key_value_groups", 1)
-    if (groups <= 1 or kwargs.get("position_bias") is not None or kwargs.get("cache") is not None
+    if (groups <= 1 or query.device.type != "cpu" or kwargs.get("position_bias") is not None or kwargs.get("cache") is not None
             or kwargs.get("output_attentions") or (attention_mask is None and query.shape[2] > 1)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
     b, h, q, d = query.shape

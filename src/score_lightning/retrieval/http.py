@@ -17,6 +17,7 @@ from typing import Any
 import requests
 import tenacity
 
+from score_lightning.errors import RetrieverUnavailable
 from score_lightning.retrieval.base import RetrievalError, SearchHit
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,14 @@ def _parse_entry(entry: Any) -> SearchHit:
     doc, score = (entry["document"], entry.get("score", 0.0)) if "document" in entry else (entry, entry.get("score", 0.0))
     if not isinstance(doc, dict) or "contents" not in doc:
         raise ValueError(f"result entry has no document contents: {str(entry)[:200]}")
-    return SearchHit(id=str(doc.get("id", "")), contents=str(doc["contents"]), score=float(score))
+    doc_id = doc.get("id")
+    if doc_id is None or isinstance(doc_id, bool) or not str(doc_id).strip():
+        raise _NoId(f"result entry has no document id: {str(entry)[:200]}")
+    return SearchHit(id=str(doc_id), contents=str(doc["contents"]), score=float(score))
+
+
+class _NoId(ValueError):
+    """A hit without an id: the server answers, but every report citing from it could never be grounded."""
 
 
 class HTTPRetriever:
@@ -88,6 +96,11 @@ class HTTPRetriever:
             if not isinstance(result, list) or len(result) != n_queries:
                 raise ValueError(f'"result" must be a list of {n_queries} lists')
             return [[_parse_entry(e) for e in hits] for hits in result]
+        except _NoId as exc:  # not retried, not an outage to ride out: the server's corpus or protocol is wrong
+            raise RetrieverUnavailable(
+                f"the retriever at {self.url} returned a hit without an id ({exc}): reports cite documents as [id], "
+                "so under reward.citations=retrieved none of them could ever be valid. Serve a corpus whose "
+                "lines carry an \"id\" (JSONL {\"id\", \"contents\"}) or fix the server's response") from None
         except (ValueError, KeyError, TypeError) as exc:
             raise _Retryable(f"malformed response ({exc}): {resp.text[:200]}") from exc
 

@@ -25,7 +25,7 @@ from score_lightning.rollout.engine import RolloutEngine, SamplingParams, is_col
 from score_lightning.rollout.stops import TagStops, completed_tag
 from score_lightning.rollout.trajectory import Trajectory
 
-__all__ = ["Action", "AgentConfig", "TagStops", "format_observation", "parse_search_action", "run_agent"]
+__all__ = ["Action", "AgentConfig", "TagStops", "format_observation", "parse_search_action", "run_agent", "shown_ids"]
 
 log = logging.getLogger(__name__)
 
@@ -90,18 +90,34 @@ def parse_search_action(segment: str) -> Action:
 
 
 def format_observation(hits, budget_tokens: int, tokenizer) -> tuple[list[int], list[str]]:
-    """Token ids of ``<observation>…</observation>`` with the passage text cut to ``budget_tokens``.
+    """Token ids of ``<observation>…</observation>`` with the passage text cut to ``budget_tokens``, and
+    the ids of the hits the model was shown.
 
     The tags and the body are tokenised separately and concatenated, so the mask boundary is exact.
+    "Retrieved" means shown: a hit whose ``[id]`` line head was cut off by the budget is not among the
+    returned ids, so citing it counts as citing an id the trajectory never retrieved.
     """
     body = "\n".join(f"[{h.id}] {h.text}" for h in hits) if hits else "No results."
-    return _wrap_observation(body, budget_tokens, tokenizer), [h.id for h in hits]
+    body_ids = _body_ids(body, budget_tokens, tokenizer)
+    return _wrap_ids(body_ids, tokenizer), shown_ids(hits, tokenizer.decode(body_ids))
+
+
+def shown_ids(hits, shown_text: str) -> list[str]:
+    """The hits whose ``[id]`` appears in the text the model was shown (an observation cut to its budget)."""
+    return [h.id for h in hits if f"[{h.id}]" in shown_text]
+
+
+def _body_ids(body: str, budget_tokens: int, tokenizer) -> list[int]:
+    return tokenizer(body, add_special_tokens=False)["input_ids"][: max(budget_tokens, 1)]
+
+
+def _wrap_ids(body_ids: list[int], tokenizer) -> list[int]:
+    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    return enc("\n") + enc(P.OBS_OPEN) + body_ids + enc(P.OBS_CLOSE) + enc("\n")
 
 
 def _wrap_observation(body: str, budget_tokens: int, tokenizer) -> list[int]:
-    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
-    body_ids = enc(body)[: max(budget_tokens, 1)]
-    return enc("\n") + enc(P.OBS_OPEN) + body_ids + enc(P.OBS_CLOSE) + enc("\n")
+    return _wrap_ids(_body_ids(body, budget_tokens, tokenizer), tokenizer)
 
 
 def run_agent(

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from score_lightning.protocol import SEARCH_CLOSE
 from score_lightning.retrieval.base import RetrievalError, Retriever
 from score_lightning.roles import mams_prompts as M
-from score_lightning.rollout.agent import parse_search_action
+from score_lightning.rollout.agent import parse_search_action, shown_ids
 from score_lightning.rollout.chat import encode_chat, truncate_text
 from score_lightning.rollout.engine import RolloutEngine, SamplingParams, is_collective
 from score_lightning.rollout.stops import TagStops, completed_tag
@@ -212,14 +212,14 @@ def _observe(runs: list[_Run], retriever: Retriever | None, cfg: MamsConfig, tok
             failed = True
     for r, found in zip(runs, hits):
         r.search = r.traj.search_queries[-1]
-        doc_ids = [h.id for h in found] if not failed else []
-        r.traj.step_doc_ids.append(doc_ids)
-        r.traj.retrieved_ids.extend(d for d in doc_ids if d not in r.traj.retrieved_ids)
         if failed:
             r.traj.retrieval_errors += 1
         body = "\n".join(f"[{h.id}] {h.text}" for h in found) if found else "No results."
         r.chunks = chunk_text(tokenizer, body if not failed else "Retrieval failed.", cfg.chunk_tokens,
                               cfg.max_observation_tokens)
+        doc_ids = shown_ids(found, "".join(r.chunks)) if not failed else []  # retrieved = shown to the state role
+        r.traj.step_doc_ids.append(doc_ids)
+        r.traj.retrieved_ids.extend(d for d in doc_ids if d not in r.traj.retrieved_ids)
         r.chunk_total = len(r.chunks)
         r.needs_report = True
 

@@ -36,11 +36,10 @@ class Evidence:
 
 def visible_evidence(tokenizer, hits: list[SearchHit], budget: int) -> list[Evidence]:
     """Hits whose ``[id]`` survives the observation's token budget, with a usable sentence."""
-    ids, _ = format_observation(hits, budget, tokenizer)
-    shown = tokenizer.decode(ids)
+    _, shown = format_observation(hits, budget, tokenizer)
     out = []
     for h in hits:
-        if f"[{h.id}]" not in shown:
+        if h.id not in shown:
             continue
         s = first_sentence(h.text) or f"{h.title or h.id} is documented in the standard library."
         out.append(Evidence(h.id, s))
