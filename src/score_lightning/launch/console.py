@@ -6,6 +6,11 @@ import logging
 import warnings
 
 
+#: the start of Lightning's ModelCheckpoint warning under manual optimisation (a regex for ``warnings``)
+MANUAL_CHECKPOINT_WARNING = (r"Using ModelCheckpoint with manual optimization and every_n_train_steps, but no "
+                             r"pre-optimization state was saved")
+
+
 class _DropTips(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.getMessage()).startswith("💡 Tip")
@@ -26,6 +31,9 @@ def quiet_console() -> None:
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropTips())
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode.*")
+    # ModelCheckpoint under manual optimisation: the state *after* the update is what exact resume needs
+    # (docs/RELIABILITY.md), so its 14-line advice to save the pre-update state is not for this trainer
+    warnings.filterwarnings("ignore", message=MANUAL_CHECKPOINT_WARNING, category=UserWarning)
     try:
         from transformers.utils import logging as hf_logging
 
