@@ -35,6 +35,7 @@ from score_lightning.step.record import record_rewards, record_rollouts, record_
 from score_lightning.step.report import global_values, report_distributions, report_texts, throughput
 from score_lightning.step.reward_assembly import RewardSettings, StepRewards, assemble_rewards, parse_answers
 from score_lightning.step.rollouts import RolloutSettings, initial_evidence, scoring_rollouts, solver_rollouts
+from score_lightning.step.rule_rewards import rule_step_rewards
 from score_lightning.step.samples import step_samples
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_update import GRPOSettings, solver_update
@@ -108,12 +109,15 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, LightningModule):
     def score(self, ro: StepRollouts) -> StepRewards:
         """Stages 2-3: the evaluator scores the K reports of each query; rewards with gates and verifier."""
         answers = parse_answers(ro.solver, self.tokenizer, self.reward_settings)
+        if self.reward_settings.source == "rule":  # the known-good reward: no evaluator, no scoring rollouts
+            ro.scoring = []
+            self._release_caches()
+            return rule_step_rewards(answers, ro, self.K, self.reward_settings.rule_quality)
         reports = [[a.answer if a.answer else None for a in answers[i:i + self.K]] for i in range(0, len(answers), self.K)]
         sources = [[t.retrieved_ids for t in ro.solver[i:i + self.K]] for i in range(0, len(ro.solver), self.K)]
         ro.scoring = scoring_rollouts(self.evaluator_engine, self.tokenizer, self.retriever, ro.queries, reports,
                                       ro.rubrics.per_query, self.harness_state, self.rollout_settings, sources)
-        for engine in (self.engine, self.evaluator_engine):  # rollouts done: drop the HF engines' stored KV caches
-            getattr(engine, "release_cache", lambda: None)()
+        self._release_caches()
         return assemble_rewards(answers, ro.scoring, ro.rubrics.per_query, self.harness_state, self.K,
                                 self.reward_settings, self.tokenizer)
 
@@ -181,6 +185,10 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, LightningModule):
         if every > 0 and (every == 1 or self.score_step % every == 1):
             report_texts(self.trainer, step_samples(ro, rw, self.harness_state, self.tokenizer), self.score_step - 1,
                          str(c.paths.output_dir))
+
+    def _release_caches(self) -> None:
+        for engine in (self.engine, self.evaluator_engine):  # rollouts done: drop the HF engines' stored KV caches
+            getattr(engine, "release_cache", lambda: None)()
 
     def _reports(self, rw: StepRewards) -> list[list[str | None]]:
         return [[a.answer for a in rw.answers[i:i + self.K]] for i in range(0, len(rw.answers), self.K)]

@@ -65,6 +65,8 @@ class RewardSettings:
     scoring: str = "joint"  # evaluator.scoring: joint | pointwise
     tau_from_harness: bool = False  # verifier.tau_from_harness
     on_incomplete: str = "validity"  # evaluator.on_incomplete: validity | drop | neutral
+    source: str = "evaluator"  # reward.source: evaluator | rule (step/rule_rewards.py)
+    rule_quality: str = "retrieved_cited"  # reward.rule_quality: q(r) of the rule reward
 
     @classmethod
     def from_cfg(cls, cfg) -> "RewardSettings":
@@ -72,7 +74,8 @@ class RewardSettings:
                    int(cfg.verifier.min_search_depth), str(cfg.verifier.get("zero", "reward")),
                    str(cfg.reward.get("citations", "any")), str(cfg.evaluator.get("scoring", "joint")),
                    bool(cfg.verifier.get("tau_from_harness", False)),
-                   str(cfg.evaluator.get("on_incomplete", "validity")))
+                   str(cfg.evaluator.get("on_incomplete", "validity")), str(cfg.reward.get("source", "evaluator")),
+                   str(cfg.reward.get("rule_quality", "retrieved_cited")))
 
 
 @dataclass

@@ -74,6 +74,18 @@ def check_reward(c: Checks) -> None:
         c.add(f"verifier.min_search_depth={depth}: more searches than evaluator.max_tool_calls={calls} allows, so "
               "the verifier would zero every reward; lower it, raise evaluator.max_tool_calls, or "
               "verifier.enabled=false")
+    c("reward.source", one_of("evaluator", "rule"), "'evaluator' (the evaluator's scores) or 'rule' (the known-good "
+      "a(r)(1 + q(r)), no evaluator)")
+    c("reward.rule_quality", one_of("retrieved_cited", "coverage", "none"),
+      "'retrieved_cited', 'coverage' or 'none' (q(r) of reward.source=rule)")
+    if c.get("reward.source") == "rule":
+        if c.get("verifier.enabled") is True:
+            c.add("reward.source=rule with verifier.enabled=true: the verifier checks the evaluation's searches, and "
+                  "with the rule reward no evaluation runs; set verifier.enabled=false (experiment=rule_tiny does)")
+        if c.get("evaluator.enabled") is True and c.get("evaluator.reward") in ("discriminative", "preference"):
+            c.add(f"reward.source=rule with evaluator.reward={c.get('evaluator.reward')}: that reward reads the "
+                  "evaluator's scores, which the rule reward never asks for; use evaluator.reward=consistency or "
+                  "evaluator.enabled=false")
     c("reward.require_citation", *BOOL)
     c("reward.citations", one_of("any", "retrieved"),
       "'any' (any bracketed id counts) or 'retrieved' (cited ids must be among the trajectory's retrieved ones)")
