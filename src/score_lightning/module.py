@@ -19,6 +19,7 @@ import numpy as np
 from lightning.pytorch import LightningModule
 from omegaconf import DictConfig, OmegaConf
 
+from score_lightning import distributed as D
 from score_lightning.glue.building import BuildingHooks
 from score_lightning.glue.outputs import OutputHooks
 from score_lightning.glue.run_state import RunStateHooks
@@ -29,6 +30,8 @@ from score_lightning.rewards.functions import EMABaseline
 from score_lightning.rubrics.base import RubricContext
 from score_lightning.step.evaluator_phase import centre, sample_rewards
 from score_lightning.step.evaluator_update import ReinforceSettings, evaluator_update
+from score_lightning.step.dynamic_sampling import (EXTRA_STREAM_SEED, DynamicSampling, extra_batch,
+                                                  informative_groups, merge_draws, pick_groups)
 from score_lightning.step.evaluations import group_evaluations
 from score_lightning.step.faults import FaultMonitor
 from score_lightning.step.record import record_rewards, record_rollouts, record_solver_update
@@ -40,7 +43,7 @@ from score_lightning.step.samples import step_samples
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_update import GRPOSettings, solver_update
 from score_lightning.step.step_rewards import StepRewardStage
-from score_lightning.step.types import StepRollouts
+from score_lightning.step.types import StepRollouts, StepRubric
 from score_lightning.policy.top_layers import update_scope
 
 log = logging.getLogger(__name__)
@@ -82,6 +85,7 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, LightningModule):
         self.grpo_settings = GRPOSettings.from_cfg(cfg)
         self.reinforce_settings = ReinforceSettings.from_cfg(cfg)
         self.step_stage = StepRewardStage.from_cfg(cfg)  # reward.step=rubric: ARCO-style step judgements
+        self.sampling = DynamicSampling.from_cfg(cfg)  # solver.dynamic_sampling: DAPO's draws until B groups teach
         self.policy = self.evaluator_policy = self.ref = None
         self.engine = self.evaluator_engine = None  # set in setup() (HF, scripted) or by the vLLM callback
         self.retriever = None
@@ -97,11 +101,17 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, LightningModule):
         return RubricContext(self.evaluator_engine, self.tokenizer, self.retriever, self.harness_state, self.scheduler,
                              int(self.cfg.evaluator.max_prompt_tokens), float(self.cfg.evaluator.temperature))
 
-    def rollout(self, queries: list[str], query_ids: list[str] | None = None) -> StepRollouts:
-        """Stages 1-2: evidence, the step's rubrics (from the configured source), K solver rollouts per query."""
+    def rollout(self, queries: list[str], query_ids: list[str] | None = None,
+                rubric_of: StepRubric | None = None) -> StepRollouts:
+        """Stages 1-2: evidence, the step's rubrics (from the configured source; ``rubric_of``: a dynamic-sampling
+        draw reuses that step's rubric, with nothing new to train), K solver rollouts per query."""
         ids = [str(i) for i in (query_ids if query_ids is not None else range(len(queries)))]
         evidence, errors = initial_evidence(self.retriever, queries, int(self.cfg.solver.topk))
-        rubrics = self.rubric_source.step_rubrics(self.rubric_context(), queries, ids, evidence)
+        if rubric_of is None:
+            rubrics = self.rubric_source.step_rubrics(self.rubric_context(), queries, ids, evidence)
+        else:
+            rubrics = StepRubric([rubric_of.first] * len(queries), [], rubric_of.valid, rubric_of.error,
+                                 fallback=[bool(rubric_of.fallback and rubric_of.fallback[0])] * len(queries))
         solver = solver_rollouts(self.engine, self.tokenizer, self.retriever, queries, rubrics.per_query,
                                  self.harness_state, self.rollout_settings)
         return StepRollouts(list(queries), rubrics, evidence, errors, solver, query_ids=ids)
@@ -129,10 +139,14 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, LightningModule):
         ro = self.step_rollouts = self.rollout(list(batch["prompt"]), [str(i) for i in batch.get("id", [])] or None)
         t1 = time.perf_counter()
         rw = self.score(ro)
+        ro, rw, drawn = self.draw_until_informative(ro, rw)  # solver.dynamic_sampling (a no-op when off)
+        self.step_rollouts = ro
         st = self.step_stage.judge(self.evaluator_engine, self.tokenizer, ro, rw, sc)  # no-op for reward.step=none
         t2 = time.perf_counter()
         record_rewards(sc, ro, rw, self.K, self.reward_settings.verifier_enabled, self.reward_settings.zero)
         record_rollouts(sc, ro)
+        sc.mean("solver/zero_variance_group_rate", drawn[0], drawn[1])
+        sc.max("solver/sampling_draws", drawn[2])
         metrics: dict[str, float] = dict(ro.rubrics.stats)
         metrics.update(self.rubric_source.observe(self.rubric_context(), ro.queries, ro.query_ids, rw.item_scores,
                                                   self._reports(rw), rw.rewards.view(-1, self.K).tolist()))
@@ -185,6 +199,36 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, LightningModule):
         if every > 0 and (every == 1 or self.score_step % every == 1):
             report_texts(self.trainer, step_samples(ro, rw, self.harness_state, self.tokenizer), self.score_step - 1,
                          str(c.paths.output_dir))
+
+    def draw_until_informative(self, ro: StepRollouts, rw: StepRewards) -> tuple[StepRollouts, StepRewards, tuple]:
+        """Dynamic sampling (step/dynamic_sampling.py): more draws until B groups carry a signal, at most
+        ``max_draws`` in all (decided over all ranks, so collectives stay in step). Returns the step's
+        rollouts and rewards, and (groups without signal, groups drawn, draws) for the logs."""
+        flags = [informative_groups(rw, self.K)]
+        draws = [(ro, rw)]
+        need = len(ro.queries)
+        while (self.sampling.enabled and len(draws) < self.sampling.max_draws
+               and D.global_max(float(need - sum(int(f.sum()) for f in flags))) > 0):
+            extra = extra_batch(self._extra_stream(), self.score_step, len(draws), self.sampling.max_draws)
+            more = self.rollout(list(extra["prompt"]), [str(i) for i in extra["id"]], rubric_of=ro.rubrics)
+            more_rw = self.score(more)
+            draws.append((more, more_rw))
+            flags.append(informative_groups(more_rw, self.K))
+        drawn = (float(sum(int((~f).sum()) for f in flags)), float(sum(len(f) for f in flags)), float(len(draws)))
+        if len(draws) == 1:
+            return ro, rw, drawn
+        ro, rw = merge_draws(draws, pick_groups([f.tolist() for f in flags], need), self.K)
+        return ro, rw, drawn
+
+    def _extra_stream(self):
+        """The extra draws' own query stream (training queries in another order; see ``extra_batch``)."""
+        if getattr(self, "_extra", None) is None:
+            from score_lightning.data.datamodule import QueryStream
+
+            dm = self.trainer.datamodule
+            self._extra = QueryStream(dm.queries, dm.batch_size, int(self.cfg.seed) + EXTRA_STREAM_SEED, 0,
+                                      self.global_rank, self.trainer.world_size)
+        return self._extra
 
     def _release_caches(self) -> None:
         for engine in (self.engine, self.evaluator_engine):  # rollouts done: drop the HF engines' stored KV caches

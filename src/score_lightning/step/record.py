@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from score_lightning.step.losses import group_advantages
+from score_lightning.step.dynamic_sampling import informative_groups
 from score_lightning.step.reward_assembly import StepRewards
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_update import SolverUpdateResult
@@ -35,11 +35,9 @@ def record_rewards(sc: StepScalars, ro: StepRollouts, rw: StepRewards, num_rollo
     sc.mean("solver/ungrounded_citation_rate", float(sum(bool(a.ungrounded) for a in formatted)), len(formatted))
     # the groups the solver update gives no gradient: equal rewards (among the judged reports under
     # evaluator.on_incomplete=drop), or an incomplete evaluation under on_incomplete=neutral
-    adv = group_advantages(rw.rewards, num_rollouts, include=~rw.excluded if rw.excluded.any() else None)
-    adv = adv.masked_fill(rw.neutral, 0.0).view(-1, num_rollouts)
-    equal = (adv.abs().amax(dim=1) == 0).float()
+    equal = (~informative_groups(rw, num_rollouts)).float()
     no_valid = (rw.validity.view(-1, num_rollouts).sum(dim=1) == 0).float()
-    groups = adv.shape[0]
+    groups = equal.shape[0]
     incomplete = rw.incomplete_groups if rw.complete else torch.zeros(groups, dtype=torch.bool)
     sc.mean("solver/zero_advantage_group_rate", float(equal.sum()), groups)
     sc.mean("solver/no_valid_report_group_rate", float(no_valid.sum()), groups)

@@ -22,6 +22,20 @@ def check_solver(c: Checks) -> None:
               "weights, so the solver would not be frozen; set actor.shared=false (frozen solver, trained "
               "evaluator) or evaluator.enabled=false (nothing trains)")
     check_solver_workflow(c)
+    check_dynamic_sampling(c)
+
+
+def check_dynamic_sampling(c: Checks) -> None:
+    """``solver.dynamic_sampling``: its values, and the rubric sources whose rubric every draw can reuse."""
+    if c.get("solver.dynamic_sampling") is None:
+        return
+    c("solver.dynamic_sampling.enabled", *BOOL)
+    c("solver.dynamic_sampling.max_draws", integer(1, 16), "an integer in [1, 16] (draws per SCORE step, the first "
+      "included)")
+    target = str(c.get("rubric._target_") or "")
+    if c.get("solver.dynamic_sampling.enabled") is True and not target.endswith("ScoreRubrics"):
+        c.add(f"solver.dynamic_sampling.enabled=true with rubric={target.rsplit('.', 1)[-1]}: extra draws reuse the "
+              "step's one rubric, and this source writes a rubric per query; use rubric=score or disable it")
 
 
 def check_evaluator(c: Checks) -> None:
