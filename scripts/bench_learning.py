@@ -57,6 +57,8 @@ CONDITIONS: dict[str, list[str]] = {
 DEFAULT = "score,grpo_baseline,no_harness,no_verifier,frozen_solver"
 TRAIN_TAGS = ("solver/reward_mean", "solver/reward_validity_part", "solver/reward_score_part")
 CARD = ("citation_precision", "coverage", "validity", "length")
+#: this table's column names -> the card's metric names (the card's format rule is ``format_valid``)
+CARD_KEYS = {"validity": "format_valid"}
 #: two-sided 97.5% quantiles of Student's t by degrees of freedom (95% intervals over seeds)
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
@@ -117,24 +119,24 @@ def _run(cmd: list[str], log: Path) -> None:
 
 
 def card_for(model: Path, out: Path, budgets_of: Path | None = None) -> dict:
-    """Generate on the held-out queries (greedy) and score them. A run's export brings its own solver
-    budgets (``run_config.json``); the cold-start model has none, so it takes those of ``budgets_of``
-    (a run's export): every card in one table is generated under the same budgets."""
-    from score_lightning.evaluation import _run_budgets
+    """Generate on the held-out queries (greedy) and score them. A run's export brings its own settings
+    (``run_config.json``: budgets, prompt, reward rule); the cold-start model takes those of ``budgets_of``
+    (a run's export): every card in one table is generated under the same settings."""
+    from score_lightning.evaluation.card import load_card
+    from score_lightning.evaluation.settings import RUN_CONFIG
 
     arts = out / "heldout.jsonl"
-    flags = []
+    flags = ["--temperature", "0"]  # this table's protocol: greedy, one sample per query
     if budgets_of is not None:
-        budgets = _run_budgets(str(budgets_of))
-        if not budgets:
-            raise SystemExit(f"no run_config.json in {budgets_of}: cannot match the cold start's budgets")
-        flags = [x for k, v in sorted(budgets.items()) for x in (f"--{k.replace('_', '-')}", str(v))]
+        if not (budgets_of / RUN_CONFIG).is_file():
+            raise SystemExit(f"no run_config.json in {budgets_of}: cannot match the cold start's settings")
+        flags += ["--run-config", str(budgets_of / RUN_CONFIG)]
     if not (out / "heldout.card.json").exists():
         _run([sys.executable, "scripts/evaluate.py", "--model", str(model), "--queries", "embedded", "--split",
               "heldout", "--out", str(arts), "--no-progress", *flags], out / "generate.log")
         _run([sys.executable, "scripts/evaluate.py", "card", "--articles", str(arts)], out / "card.log")
-    summary = json.loads((out / "heldout.card.json").read_text())["summary"]
-    return {m: summary[m]["mean"] for m in CARD}
+    summary = load_card(out / "heldout.card.json")["summary"]  # older cards' "validity" reads as format_valid
+    return {m: summary[CARD_KEYS.get(m, m)]["mean"] for m in CARD}
 
 
 def run_cell(cond: str, seed: int, steps: int, out: Path) -> dict:

@@ -198,3 +198,119 @@ def test_generate_with_vllm_engine(base_cfg, tokenizer, tmp_path):
     assert res.generated_ids == ["11", "12"]
     rows = read_lines(Path(cfg.out))
     assert [r["id"] for r in rows] == [11, 12] and all(set(r) == {"id", "prompt", "article"} for r in rows)
+
+
+class SearchOnce:
+    """Retriever returning json.dumps for every search, so a citation of [json.dumps] is grounded."""
+
+    def search(self, queries, topk):
+        return OneDocRetriever().search(queries, topk)
+
+
+def _sampled_scripts(n_rounds: int = 1) -> dict[str, list[str]]:
+    """Three samples of one query per round: a search each, then a grounded, an ungrounded and an uncited answer."""
+    search = f"{P.SEARCH_OPEN}json dumps{P.SEARCH_CLOSE}"
+    answers = [f"{P.ANSWER_OPEN}json.dumps escapes non-ASCII text by default [json.dumps].{P.ANSWER_CLOSE}",
+               f"{P.ANSWER_OPEN}json.dumps escapes non-ASCII text by default [never.seen].{P.ANSWER_CLOSE}",
+               f"{P.ANSWER_OPEN}json.dumps escapes non-ASCII text by default, no source.{P.ANSWER_CLOSE}"]
+    return {"json.dumps": ([search] * 3 + answers) * n_rounds}
+
+
+def test_samples_keep_sample_0_in_the_article_file_and_every_sample_in_sources(base_cfg, tokenizer, tmp_path):
+    queries = write_queries(tmp_path / "q.jsonl", [{"id": 7, "prompt": "How does json.dumps handle non-ASCII text?"}])
+    cfg = replace(base_cfg, queries=str(queries), out=str(tmp_path / "o.jsonl"), samples=3, max_tool_calls=1,
+                  max_response_tokens=256, max_observation_tokens=64, temperature=1.0)
+    engine = ScriptedEngine(tokenizer, _sampled_scripts(2))
+    res = generate_articles(cfg, engine=engine, tokenizer=tokenizer, retriever=SearchOnce())
+    assert res.generated_ids == ["7"]
+    arts = read_lines(Path(cfg.out))
+    assert len(arts) == 1 and set(arts[0]) == {"id", "prompt", "article"}  # DeepResearch Bench's format, sample 0
+    assert arts[0]["article"] == "json.dumps escapes non-ASCII text by default [json.dumps]."
+    src = read_lines(sources_path_for(cfg.out))
+    assert [(s["id"], s["sample"]) for s in src] == [(7, 0), (7, 1), (7, 2)]
+    assert src[0]["article"] == arts[0]["article"] and "[never.seen]" in src[1]["article"]
+    assert [s["grounded_valid"] for s in src] == [True, False, False]  # cited and retrieved / unretrieved / uncited
+    assert [s["valid_answer"] for s in src] == [True, True, True]  # the format rule needs no citation
+    assert src[1]["grounded_reason"].startswith("cites an id it never retrieved") and src[2]["grounded_reason"] == "no citation"
+    assert [s["reward_valid"] for s in src] == [True, True, True]  # reward.citations=any, no citation required
+    sidecar = json.loads(cfg.settings_path.read_text())
+    assert sidecar["samples"] == 3 and sidecar["settings"]["solver.temperature"] == 1.0
+
+    # resume: nothing twice; a deleted article line regenerates all of its samples, replacing the old ones
+    assert generate_articles(cfg, engine=engine, tokenizer=tokenizer, retriever=SearchOnce()).generated_ids == []
+    Path(cfg.out).write_text("")
+    assert generate_articles(cfg, engine=engine, tokenizer=tokenizer, retriever=SearchOnce()).generated_ids == ["7"]
+    assert [(s["id"], s["sample"]) for s in read_lines(sources_path_for(cfg.out))] == [(7, 0), (7, 1), (7, 2)]
+
+    # appending under other settings would mix them in one file: refused, naming what differs
+    for change, key in (({"samples": 2}, "samples"), ({"temperature": 0.5}, "solver.temperature"),
+                        ({"min_answer_chars": 5}, "reward.min_answer_chars")):
+        with pytest.raises(ValueError, match=key):
+            generate_articles(replace(cfg, **change), engine=engine, tokenizer=tokenizer, retriever=SearchOnce())
+
+
+def test_the_prompt_follows_the_runs_harness_state_and_conclusion_line(base_cfg, tokenizer, tmp_path):
+    from score_lightning.harness.state import HarnessState
+    from score_lightning.roles.prompts import solver_messages
+    from score_lightning.roles.rubric import fallback_rubric
+    from score_lightning.rollout.chat import encode_chat
+
+    state = {"dimension_constraints": {"k": 2, "must_include": ["citation_grounding"], "weight_max": 0.9},
+             "process_constraints": {"citation_cross_check": True}}
+    seen = []
+
+    class Recording(ScriptedEngine):
+        def generate(self, prompts, params):
+            seen.extend(list(p) for p in prompts)
+            return super().generate(prompts, params)
+
+    queries = write_queries(tmp_path / "q.jsonl", [{"id": 7, "prompt": "How does json.dumps handle non-ASCII text?"}])
+    cfg = replace(base_cfg, queries=str(queries), out=str(tmp_path / "o.jsonl"), harness_state=state,
+                  conclusion_line=False, max_tool_calls=2, max_response_tokens=256, max_observation_tokens=64)
+    generate_articles(cfg, engine=Recording(tokenizer, _sampled_scripts()), tokenizer=tokenizer, retriever=SearchOnce())
+    hs = HarnessState.from_dict(state)
+    want = encode_chat(tokenizer, solver_messages(QUERIES[0]["prompt"], fallback_rubric(hs), hs, 2, False))
+    assert seen[0] == want
+    text = tokenizer.decode(want)
+    assert "citation_grounding" in text and "Conclusion:" not in text and "checked against the documents" in text
+    default = encode_chat(tokenizer, solver_messages(QUERIES[0]["prompt"], fallback_rubric(HarnessState()),
+                                                     HarnessState(), 2))
+    assert want != default
+    rec = json.loads(cfg.settings_path.read_text())["settings"]
+    assert rec["harness.initial_state"]["dimension_constraints"]["k"] == 2 and rec["solver.conclusion_line"] is False
+
+
+def test_sampled_generation_is_seeded(base_cfg, hf_engine, tokenizer, bm25, tmp_path):
+    def sources(out, seed):
+        cfg = replace(base_cfg, out=str(tmp_path / out), samples=2, temperature=1.0, limit=2, seed=seed)
+        generate_articles(cfg, engine=hf_engine, tokenizer=tokenizer, retriever=bm25)
+        return [(s["id"], s["sample"], s["article"], s["response_tokens"]) for s in read_lines(sources_path_for(cfg.out))]
+
+    a = sources("a.jsonl", 0)
+    assert [(i, k) for i, k, *_ in a] == [(11, 0), (11, 1), (12, 0), (12, 1)]
+    assert a == sources("b.jsonl", 0)  # the same seed: the same samples
+    assert a != sources("c.jsonl", 1)
+    assert len({x[2] for x in a}) > 1  # sampled, not four copies
+
+
+def _boom(*args, **kwargs):
+    raise AssertionError("nothing may load before the preflight check")
+
+
+def test_generate_refuses_an_unloadable_model_with_one_error_block(tmp_path, capsys, monkeypatch):
+    from score_lightning.evaluation import main
+    from score_lightning.policy import models
+
+    monkeypatch.setattr(models, "load_tokenizer", _boom)
+    monkeypatch.setattr(models, "load_policy", _boom)
+    missing = tmp_path / "no_such_export"
+    partial = tmp_path / "partial_export"
+    partial.mkdir()
+    (partial / "config.json").write_text("{}")
+    for model, why in ((missing, "no such directory"), (partial, "lacks weights")):
+        rc = main(["generate", "--model", str(model), "--queries", "embedded", "--out", str(tmp_path / "o.jsonl")])
+        err = capsys.readouterr().err
+        assert rc == 2, err
+        assert err.startswith(f"error: --model={str(model)!r} cannot load: ") and why in err, err
+        assert "fix:" in err and "Traceback" not in err
+    assert not (tmp_path / "o.jsonl").exists()

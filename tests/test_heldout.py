@@ -44,8 +44,14 @@ def test_query_scores_by_hand():
     s = query_scores("X is true [a]. Y [b] and Z [zz]. Also [a].", src, ["a", "d", "e", "f"])
     assert s["citation_precision"] == pytest.approx(2 / 3)  # a, b retrieved; zz not
     assert s["coverage"] == pytest.approx(1 / 4)  # only a of the top-4 is cited
-    assert s["validity"] == 1.0 and s["length"] == 11.0  # words, citations included
+    assert s["format_valid"] == 1.0 and s["length"] == 11.0  # words, citations included
+    assert s["grounded_valid"] is None  # a record with neither grounded_valid nor cites_only_retrieved
     assert query_scores("no citations here", src, ["a"])["citation_precision"] is None
+    # the record's own field wins; an older record combines the format rule with the grounding rule
+    assert query_scores("x", {**src, "grounded_valid": False, "cites_only_retrieved": True}, [])["grounded_valid"] == 0.0
+    assert query_scores("x", {**src, "cites_only_retrieved": True}, [])["grounded_valid"] == 1.0
+    assert query_scores("x", {**src, "valid_answer": False, "cites_only_retrieved": True}, [])["grounded_valid"] == 0.0
+    assert query_scores("x", {"retrieved_ids": []}, [])["format_valid"] is None
 
 
 def test_bootstrap_ci_is_deterministic_and_brackets_the_mean():
@@ -69,7 +75,9 @@ def test_report_card_over_files(tmp_path):
     assert card["queries"] == 2
     assert card["summary"]["citation_precision"]["mean"] == pytest.approx(0.5)  # [t0] retrieved, [t1]/[t2] not
     assert card["summary"]["coverage"]["mean"] == pytest.approx(0.5)  # two of the top four cited, each
-    assert card["summary"]["validity"]["mean"] == pytest.approx(0.5)
+    assert card["summary"]["format_valid"]["mean"] == pytest.approx(0.5)
+    # records from before grounded_valid and cites_only_retrieved: undefined, not 0
+    assert card["summary"]["grounded_valid"]["n"] == 0 and card["settings"] is None
 
 
 def test_evaluate_card_cli_on_heldout_queries(tmp_path, tiny_ckpt):
@@ -85,4 +93,7 @@ def test_evaluate_card_cli_on_heldout_queries(tmp_path, tiny_ckpt):
     card = subprocess.run([sys.executable, "scripts/evaluate.py", "card", "--articles", str(out)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert card.returncode == 0, card.stderr[-2000:]
-    assert "| validity |" in card.stdout and json.loads((tmp_path / "held.card.json").read_text())["queries"] == 2
+    assert "| grounded_valid |" in card.stdout and "| format_valid |" in card.stdout
+    saved = json.loads((tmp_path / "held.card.json").read_text())
+    assert saved["queries"] == 2 and saved["answers"] == 2
+    assert saved["settings"]["solver.max_tool_calls"] == 1 and saved["settings"]["solver.temperature"] == 0.0

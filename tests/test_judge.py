@@ -204,6 +204,18 @@ def test_article_without_sources_entry_is_missing_not_unsupported(stub, tmp_path
     assert c["missing_by_error"] == {"no_sources_entry": 1} and c["valid_citation_ratio"] == 0.0
 
 
+def test_sampled_sources_judge_the_article_files_sample_0(stub, tmp_path):
+    """``generate --samples N`` writes N sources records per id after the article (sample 0): the judge
+    must check the article's citations against sample 0's retrieved passages, not the last sample's."""
+    stub.content = citation_judge
+    arts = articles_file(tmp_path, ["Alpha holds for every input [doc_a]."])
+    other = {"id": 1, "sample": 1, "citations": [], "retrieved_ids": []}
+    src = write_jsonl(tmp_path / "s.jsonl", [{**SOURCES, "sample": 0}, other])
+    recs = run_judge(arts, src, client(stub), JudgeOptions(quality=False))
+    assert [(c["doc_id"], c["verdict"], c.get("never_retrieved", False)) for c in recs[0]["citations"]] == [
+        ("doc_a", "supported", False)]
+
+
 def test_statement_splitting_and_reply_parsing():
     assert split_statements("A is b [x]. [y]\nC.  D [z]!") == ["A is b [x]. [y]", "C.", "D [z]!"]
     assert cited_statements("A [x] [x]. B [y].") == [("A [x] [x].", "x"), ("B [y].", "y")]

@@ -5,6 +5,7 @@
     python scripts/evaluate.py --model DIR --queries FILE --out FILE [...]        # = generate
     python scripts/evaluate.py generate --model DIR --queries FILE --out FILE [...]
     python scripts/evaluate.py judge --articles FILE --judge-base-url URL --judge-model NAME [...]
+    python scripts/evaluate.py card --articles FILE [--baseline OTHER.card.json]
 
 See ``docs/EVALUATION.md``. The submodules are imported lazily, so importing this package is cheap.
 """
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Generate DeepResearch-Bench-style articles with a trained checkpoint, then judge them. "
                     "Without a subcommand, `generate` is assumed.",
     )
-    sub = p.add_subparsers(dest="command", metavar="{generate,judge}")
+    sub = p.add_subparsers(dest="command", metavar="{generate,judge,card}")
 
     g = sub.add_parser("generate", help="run the solver on queries; write {id,prompt,article} JSONL (resumable)")
     g.add_argument("--model", required=True, help="exported checkpoint dir (HF save_pretrained with tokenizer, e.g. <run>/export)")
@@ -55,18 +56,26 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--retriever-url", default=None, help="http retriever: http://HOST:PORT/retrieve")
     g.add_argument("--corpus", default=None, help="bm25 corpus JSONL {id,contents} (default: embedded stdlib corpus)")
     g.add_argument("--index-dir", default=None, help="bm25 index cache dir (default: build in memory)")
-    budgets = " (default: the training run's value when --model is a run's export/, else %(default)s)"
-    g.add_argument("--max-tool-calls", type=int, default=None, help="searches per report" + budgets)
-    g.add_argument("--max-response-tokens", type=int, default=None,
-                   help="whole multi-turn response, observations included" + budgets)
-    g.add_argument("--max-observation-tokens", type=int, default=None, help="tokens per observation" + budgets)
-    g.add_argument("--topk", type=int, default=None, help="passages per search" + budgets)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--run-config", default=None,
+                   help="the run config whose settings (budgets, sampling, prompt, reward rule) generation follows "
+                        "(default: <model>/run_config.json, which exports and cold starts carry; 'none': defaults)")
+    run = " (default: the run config's %s, else %s)"
+    g.add_argument("--max-tool-calls", type=int, default=None, help="searches per report" + run % ("solver.max_tool_calls", 10))
+    g.add_argument("--max-response-tokens", type=int, default=None, help="whole multi-turn response, observations "
+                   "included" + run % ("solver.max_response_tokens", 4096))
+    g.add_argument("--max-observation-tokens", type=int, default=None,
+                   help="tokens per observation" + run % ("solver.max_observation_tokens", 512))
+    g.add_argument("--topk", type=int, default=None, help="passages per search" + run % ("solver.topk", 3))
+    g.add_argument("--samples", type=int, default=1, help="rollouts per query (the article file keeps sample 0, "
+                   "the sources file all of them; default 1)")
+    g.add_argument("--temperature", type=float, default=None,
+                   help="0 = greedy" + run % ("solver.temperature", "0 for one sample, 1.0 for more"))
+    g.add_argument("--top-p", type=float, default=None, help="nucleus sampling" + run % ("solver.top_p", 1.0))
     g.add_argument("--batch-size", type=int, default=8, help="queries per batch (the output is flushed per batch)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="each batch is seeded from it and its query ids (default 0)")
     g.add_argument("--chat-template", default=None,
-                   help="Jinja chat template (or a .jinja file) for a checkpoint without one; exports carry theirs")
+                   help="Jinja chat template (or a .jinja file) for a checkpoint without one (default: the run "
+                        "config's model.chat_template, else the checkpoint's own; exports carry theirs)")
     g.add_argument("--dtype", default="auto", help="hf engine: auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
     g.add_argument("--device", default="auto", help="hf engine: auto, cpu, cuda, cuda:1, ...")
     g.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -89,14 +98,17 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--max-article-chars", type=int, default=100_000, help="article text sent to the judge (0: all)")
     j.add_argument("--max-source-chars", type=int, default=8_000, help="source passage text sent to the judge (0: all)")
     j.add_argument("--no-progress", action="store_true")
-    c = sub.add_parser("card", help="a deterministic held-out report card (no LLM): citation precision, coverage, "
-                                    "validity, length with 95%% bootstrap CIs")
+    c = sub.add_parser("card", help="a deterministic held-out report card (no LLM): grounded and format validity, "
+                                    "citation precision, coverage, length with 95%% query-bootstrap CIs")
     c.add_argument("--articles", required=True, help="article JSONL written by generate")
     c.add_argument("--sources", default=None, help="companion sources file (default: <articles>.sources.jsonl)")
     c.add_argument("--corpus", default=None, help="bm25 corpus for coverage (default: the embedded stdlib corpus)")
     c.add_argument("--index-dir", default=None, help="bm25 index cache dir")
     c.add_argument("--coverage-k", type=int, default=5, help="top BM25 passages per query that coverage counts")
     c.add_argument("--out", default=None, help="write the card as JSON here (default: <articles>.card.json)")
+    c.add_argument("--settings", default=None, help="the settings generate recorded (default: <articles>.settings.json)")
+    c.add_argument("--baseline", default=None, help="another card JSON: print each metric's difference (this card "
+                   "minus it); refused (exit 2) when the two were generated under different settings")
     return p
 
 
@@ -105,35 +117,48 @@ BUDGETS = {"max_tool_calls": 10, "max_response_tokens": 4096, "max_observation_t
 
 
 def _run_budgets(model: str) -> dict[str, int]:
-    """The solver budgets the model was trained with (``export/run_config.json``), if it is a run's export."""
-    saved = Path(model) / "run_config.json"
-    if not saved.is_file():
-        return {}
-    solver = json.loads(saved.read_text()).get("solver", {})
-    return {k: int(solver[k]) for k in BUDGETS if k in solver}
+    """The solver budgets the model was trained with (its ``run_config.json``), if it carries one."""
+    from score_lightning.evaluation.settings import read_run_config, run_values
+
+    values = run_values(read_run_config(model))
+    return {k: values[f"solver.{k}"] for k in BUDGETS if f"solver.{k}" in values}
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from score_lightning.evaluation.generate import GenerateConfig, generate_articles
+    from score_lightning.launch.preflight import check_model_source
 
-    trained = _run_budgets(args.model)
-    for key, default in BUDGETS.items():  # explicit flags win, then the run's own budgets, then the defaults
-        if getattr(args, key) is None:
-            setattr(args, key, trained.get(key, default))
-    if trained:
-        logging.getLogger(__name__).info("budgets from %s/run_config.json: %s", args.model, trained)
+    check_model_source(args.model, "--model")  # before anything loads: one error block, as training's
+    from score_lightning.evaluation.generate import GenerateConfig, generate_articles
+    from score_lightning.evaluation.settings import RUN_CONFIG, format_settings, read_run_config, resolve_settings
+
+    source = None if args.run_config == "none" else Path(args.run_config or Path(args.model) / RUN_CONFIG)
+    if args.run_config not in (None, "none") and not source.is_file():
+        raise FileNotFoundError(f"--run-config {source}: no such file")
+    run = read_run_config(source)
+    flags = {"solver.max_tool_calls": args.max_tool_calls, "solver.max_response_tokens": args.max_response_tokens,
+             "solver.max_observation_tokens": args.max_observation_tokens, "solver.topk": args.topk,
+             "solver.temperature": args.temperature, "solver.top_p": args.top_p,
+             "model.chat_template": args.chat_template}
+    s, origin = resolve_settings(flags, run, args.samples)
     cfg = GenerateConfig(
         model=args.model, queries=args.queries, out=args.out, sources=args.sources, limit=args.limit,
         engine=args.engine, engine_kwargs=dict(args.engine_arg), retriever=args.retriever,
-        retriever_url=args.retriever_url, corpus=args.corpus, index_dir=args.index_dir, chat_template=args.chat_template, split=args.split,
-        max_tool_calls=args.max_tool_calls, max_response_tokens=args.max_response_tokens,
-        max_observation_tokens=args.max_observation_tokens, topk=args.topk, temperature=args.temperature,
-        top_p=args.top_p, batch_size=args.batch_size, seed=args.seed, dtype=args.dtype, device=args.device,
+        retriever_url=args.retriever_url, corpus=args.corpus, index_dir=args.index_dir,
+        chat_template=s["model.chat_template"], split=args.split,
+        max_tool_calls=s["solver.max_tool_calls"], max_response_tokens=s["solver.max_response_tokens"],
+        max_observation_tokens=s["solver.max_observation_tokens"], topk=s["solver.topk"],
+        temperature=s["solver.temperature"], top_p=s["solver.top_p"], samples=args.samples,
+        conclusion_line=s["solver.conclusion_line"], harness_state=s["harness.initial_state"],
+        citations=s["reward.citations"], require_citation=s["reward.require_citation"],
+        min_answer_chars=s["reward.min_answer_chars"], settings_source=str(source) if run else None,
+        batch_size=args.batch_size, seed=args.seed, dtype=args.dtype, device=args.device,
         progress=not args.no_progress,
     )
+    print(format_settings(cfg.settings(), origin, source=str(source) if run else None,
+                          extra={"samples": args.samples, "seed": args.seed}), flush=True)
     res = generate_articles(cfg)
     print(f"{len(res.generated_ids)} generated, {res.skipped} already present, {res.total} selected: "
-          f"{res.out} (sources: {res.sources})")
+          f"{res.out} (sources: {res.sources}; settings: {res.settings})")
     return 0
 
 
@@ -166,17 +191,34 @@ def _judge(args: argparse.Namespace) -> int:
 
 
 def _card(args: argparse.Namespace) -> int:
-    from score_lightning.evaluation.card import render, report_card
+    from score_lightning.evaluation.card import compare_cards, load_card, render, render_comparison, report_card
+    from score_lightning.evaluation.settings import format_settings, settings_path_for
     from score_lightning.retrieval.factory import build_retriever
 
     articles = Path(args.articles)
     sources = Path(args.sources) if args.sources else articles.with_name(articles.name + ".sources.jsonl")
+    settings = Path(args.settings) if args.settings else settings_path_for(articles)
+    generation = json.loads(settings.read_text(encoding="utf-8")) if settings.is_file() else None
+    if generation is None:
+        logging.getLogger(__name__).warning("%s: no settings recorded (articles generated before they were); "
+                                            "this card cannot be compared with another", settings)
+    baseline = load_card(args.baseline) if args.baseline else None  # a bad path fails before the work
     retriever = build_retriever("bm25", corpus_path=args.corpus, index_dir=args.index_dir)
-    card = report_card(articles, sources, retriever, args.coverage_k)
+    card = report_card(articles, sources, retriever, args.coverage_k, generation)
     out = Path(args.out) if args.out else articles.with_name(articles.stem + ".card.json")
     out.write_text(json.dumps(card, indent=1))
+    if card["settings"] is not None:
+        print(format_settings(card["settings"], source=(generation or {}).get("source"),
+                              extra={"samples": (generation or {}).get("samples")}))
     print(render(card))
-    print(f"{card['queries']} queries ({card['uncited']} uncited); card: {out}")
+    print(f"{card['queries']} queries, {card['answers']} answers ({card['uncited']} uncited); card: {out}")
+    if baseline is not None:
+        try:
+            cmp = compare_cards(card, baseline)
+        except ValueError as exc:
+            raise ValueError(f"cannot compare {out} with --baseline {args.baseline}: {exc}") from None
+        print(f"\nthis card minus {args.baseline} (paired over {cmp['queries']} queries):")
+        print(render_comparison(cmp))
     return 0
 
 
@@ -190,8 +232,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from score_lightning.errors import ConfigError, ModelUnavailable
+
     try:
         return {"generate": _generate, "judge": _judge, "card": _card}[args.command](args)
-    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+    except (ConfigError, ModelUnavailable, ValueError, FileNotFoundError, RuntimeError) as exc:  # the user's to fix
         print(f"error: {exc}", file=sys.stderr)
         return 2

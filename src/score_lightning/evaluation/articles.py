@@ -8,6 +8,12 @@ never answered, or ran out of tokens) it is the model's *final turn*: the text w
 protocol tags and chat markers are stripped. ``valid_answer``/``invalid_reason`` in the sources file
 say which case applied.
 
+**Validity fields** of the sources record (:func:`answer_checks`), all with the run's
+``reward.min_answer_chars``: ``valid_answer`` is the format rule (a closed, untruncated, well-formed
+``<answer>`` that is long enough; no citation needed), ``grounded_valid`` the reward's grounded a(r) (that,
+plus at least one citation, every cited id retrieved by the trajectory's own searches), and
+``reward_valid`` a(r) under the run's own ``reward.citations`` / ``reward.require_citation``.
+
 The sources record keeps, per article, the ``[doc_id]`` citations with the text of each cited
 passage as it was retrieved (:class:`RecordingRetriever`), so citations can be judged later without
 the retriever.
@@ -16,6 +22,7 @@ the retriever.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from score_lightning import protocol as P
@@ -58,6 +65,28 @@ def article_from_trajectory(traj: Trajectory, tokenizer) -> tuple[str, AnswerPar
     return clean_text(final_turn_text(traj, tokenizer)), parsed
 
 
+@dataclass(frozen=True)
+class AnswerRule:
+    """The reward's a(r) settings (``reward.citations``, ``reward.require_citation``, ``reward.min_answer_chars``)."""
+
+    citations: str = "any"
+    require_citation: bool = False
+    min_answer_chars: int = 20
+
+
+def answer_checks(traj: Trajectory, tokenizer, rule: AnswerRule) -> dict[str, Any]:
+    """The validity fields of one trajectory (module docstring), judged on model-written tokens as the reward is."""
+    text = traj.model_text(tokenizer)
+    fmt = parse_answer(text, traj.truncated, min_chars=rule.min_answer_chars)
+    grounded = parse_answer(text, traj.truncated, require_citation=True, min_chars=rule.min_answer_chars,
+                            retrieved=traj.retrieved_ids, require_grounded=True)
+    reward = parse_answer(text, traj.truncated, require_citation=rule.require_citation,
+                          min_chars=rule.min_answer_chars, retrieved=traj.retrieved_ids,
+                          require_grounded=rule.citations == "retrieved")
+    return {"valid_answer": fmt.valid, "invalid_reason": fmt.reason, "grounded_valid": grounded.valid,
+            "grounded_reason": grounded.reason, "reward_valid": reward.valid}
+
+
 class RecordingRetriever:
     """Wraps a retriever and remembers every passage it returned (id -> hit), for the sources file."""
 
@@ -74,8 +103,11 @@ class RecordingRetriever:
 
 
 def sources_record(query: Query, traj: Trajectory, article: str, parsed: AnswerParse,
-                   passages: dict[str, SearchHit]) -> dict[str, Any]:
-    """The sources line of one article: its citations with their retrieved text, search and validity stats."""
+                   passages: dict[str, SearchHit], sample: int = 0, checks: dict[str, Any] | None = None,
+                   ) -> dict[str, Any]:
+    """The sources line of one sampled article: the article, its citations with their retrieved text, search
+    and validity stats. ``checks`` (:func:`answer_checks`) gives the validity fields; without it only the
+    format rule of ``parsed`` is recorded."""
     cites = cited_ids(article)
     never = set(ungrounded_ids(cites, traj.retrieved_ids))
     citations = []
@@ -87,14 +119,17 @@ def sources_record(query: Query, traj: Trajectory, article: str, parsed: AnswerP
             "title": hit.title if hit is not None else None,
             "text": hit.text if hit is not None else None,
         })
+    if checks is None:
+        checks = {"valid_answer": bool(parsed.valid), "invalid_reason": parsed.reason}
     rec: dict[str, Any] = {
         "id": query.extra.get("id", query.id),
+        "sample": int(sample),
+        "article": article,
         "citations": citations,
         "retrieved_ids": list(traj.retrieved_ids),
         "cites_only_retrieved": cites_only_retrieved(cites, traj.retrieved_ids),
         "search_queries": list(traj.search_queries),
-        "valid_answer": bool(parsed.valid),
-        "invalid_reason": parsed.reason,
+        **checks,
         "tool_calls": traj.tool_calls,
         "invalid_actions": traj.invalid_actions,
         "retrieval_errors": traj.retrieval_errors,

@@ -46,13 +46,13 @@ def build_engine(cfg: GenerateConfig, tokenizer):
         model = load_policy(cfg.model, dtype=dtype).to(device)
         model.eval()
         return HFEngine(lambda: model, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer,
-                        max_batch_size=max(1, cfg.batch_size))
+                        max_batch_size=max(1, cfg.batch_size * cfg.samples))
     if cfg.engine == "vllm":
         try:
             from score_lightning.rollout.vllm_engine import VLLMEngine
         except ImportError as exc:
             raise RuntimeError(f"{VLLM_INSTALL_HINT} (import failed: {exc})") from exc
-        kwargs = {"dtype": cfg.dtype, "seed": cfg.seed, "max_batch_size": max(cfg.batch_size, 1),
+        kwargs = {"dtype": cfg.dtype, "seed": cfg.seed, "max_batch_size": max(cfg.batch_size * cfg.samples, 1),
                   "gpu_memory_utilization": 0.85,  # evaluation has the device to itself (training: 0.4)
                   "max_model_len": _vllm_max_model_len(cfg)}
         kwargs.update(cfg.engine_kwargs)

@@ -5,15 +5,24 @@ Two files are written, both JSONL and both appended to batch by batch:
 * ``out``: one ``{"id", "prompt", "article"}`` line per query, DeepResearch Bench's ``raw_data``
   format (its RACE/FACT scripts read it unchanged). ``id`` keeps the query file's type (an int for
   DeepResearch Bench). Nothing else goes in this file.
-* ``sources`` (default ``<out>.sources.jsonl``): per id, the ``[doc_id]`` citations of the article
-  with the text of each cited passage as it was retrieved, the search queries, validity and tool
-  statistics, plus every other field of the query line (``topic``, ``language``, ...).
+* ``sources`` (default ``<out>.sources.jsonl``): per id and ``sample``, the article, its ``[doc_id]``
+  citations with the text of each cited passage as it was retrieved, the search queries, validity and
+  tool statistics, plus every other field of the query line (``topic``, ``language``, ...).
+* ``<out>.settings.json``: the settings the articles were generated under (budgets, sampling, prompt,
+  reward rule: :mod:`score_lightning.evaluation.settings`), with ``samples`` and ``seed``.
+
+**Samples.** With ``cfg.samples = N`` every query is rolled out N times. The article file keeps one
+line per query, sample 0, so the benchmark scripts read it unchanged; the sources file holds all N
+records of a query (``sample`` 0..N-1), each with its own ``article``. Each batch is seeded from
+``cfg.seed`` and its query ids, so a run is deterministic for ``--seed`` (and ``--batch-size``).
 
 What counts as the article is the rule in :mod:`score_lightning.evaluation.articles`.
 
 **Resume.** Ids already in ``out`` are skipped, so an interrupted run continues where it stopped and
-never writes an id twice. Per batch the sources lines are written (and fsynced) first, then the
-article lines, so the article file is the record of what is done. How interrupted files are
+never writes an id twice. Per batch the sources lines (every sample) are written (and fsynced) first,
+then the article lines, so the article file is the record of what is done: a query is either done with
+all its samples or regenerated. Resuming under other settings (or another ``samples``/``seed``) than the
+settings file records is refused. How interrupted files are
 repaired on start is in :mod:`score_lightning.evaluation.resumable`.
 
 Lines resumed into an existing file are appended at the end, so a resumed file can be out of input
@@ -22,22 +31,31 @@ order; the benchmarks match articles to queries by id.
 
 from __future__ import annotations
 
+import json
 import logging
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from score_lightning import protocol as P
 from score_lightning.data.queries import Query, load_queries
-from score_lightning.evaluation.articles import RecordingRetriever, article_from_trajectory, sources_record
+from score_lightning.evaluation.articles import (
+    AnswerRule,
+    RecordingRetriever,
+    answer_checks,
+    article_from_trajectory,
+    sources_record,
+)
 from score_lightning.evaluation.engines import build_engine, build_retriever_for
 from score_lightning.evaluation.generate_config import GenerateConfig, sources_path_for  # noqa: F401  (re-exported)
 from score_lightning.evaluation.resumable import append_lines, dump_line, read_jsonl_resumable, sync_sources
+from score_lightning.evaluation.settings import describe_diff, settings_diff
 from score_lightning.harness.state import HarnessState
-from score_lightning.rollout.chat import encode_chat
 from score_lightning.roles.prompts import solver_messages
 from score_lightning.roles.rubric import fallback_rubric
 from score_lightning.rollout.agent import AgentConfig, run_agent
+from score_lightning.rollout.chat import encode_chat
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +70,39 @@ class GenerateResult:
     out: Path
     sources: Path
     repaired: list[str] = field(default_factory=list)  # human-readable notes on repaired files
+    settings: Path | None = None  # the settings sidecar
+
+
+def settings_record(cfg: GenerateConfig) -> dict[str, Any]:
+    """The sidecar's content: the settings, the sampling plan and where things came from."""
+    return {"settings": cfg.settings(), "samples": int(cfg.samples), "seed": int(cfg.seed),
+            "source": cfg.settings_source, "model": str(cfg.model), "queries": str(cfg.queries), "split": cfg.split,
+            "engine": cfg.engine, "retriever": cfg.retriever, "corpus": cfg.corpus, "retriever_url": cfg.retriever_url}
+
+
+def check_settings(cfg: GenerateConfig, has_articles: bool) -> dict[str, Any]:
+    """Write the settings sidecar, or refuse to append to articles generated under other settings."""
+    path, now = cfg.settings_path, settings_record(cfg)
+    if has_articles and path.is_file():
+        before = json.loads(path.read_text(encoding="utf-8"))
+        differ = [f"{k} ({before.get(k)} there, {now[k]} now)" for k in ("samples", "seed") if before.get(k) != now[k]]
+        if settings_diff(before.get("settings"), now["settings"]):
+            differ.append(describe_diff(before.get("settings"), now["settings"], ("there", "now")))
+        if differ:
+            raise ValueError(f"{cfg.out} was generated under other settings: {', '.join(differ)}; resume with the "
+                             "same settings, or write to another --out")
+        return before
+    if has_articles:
+        log.warning("%s has articles but no %s (written before settings were recorded): recording this run's",
+                    cfg.out, path.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(now, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return now
+
+
+def batch_seed(seed: int, ids: list[str]) -> int:
+    """The torch seed of one batch: a function of ``--seed`` and the batch's query ids only."""
+    return zlib.crc32((f"{seed}:" + "\x1f".join(ids)).encode("utf-8"))
 
 
 def generate_articles(
@@ -71,6 +122,11 @@ def generate_articles(
 
     if cfg.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {cfg.batch_size}")
+    if cfg.samples < 1:
+        raise ValueError(f"--samples must be >= 1, got {cfg.samples}")
+    if cfg.samples > 1 and cfg.temperature <= 0:
+        log.warning("--samples %d at temperature 0: greedy decoding gives %d identical samples", cfg.samples,
+                    cfg.samples)
     queries = load_queries(None if cfg.queries == "embedded" else cfg.queries, cfg.split)
     if cfg.limit is not None:
         queries = queries[: max(cfg.limit, 0)]
@@ -92,13 +148,14 @@ def generate_articles(
                 f"{out}: id {key} was generated for a different prompt than in {cfg.queries}; "
                 "use another --out (or delete the file) to generate for this query file"
             )
+    check_settings(cfg, bool(existing))
     src_note = sync_sources(src, done)
     if src_note:
         notes.append(src_note)
     pending = [q for q in queries if q.id not in done]
     skipped = len(queries) - len(pending)
     result = GenerateResult(total=len(queries), skipped=skipped, generated_ids=[], out=out, sources=src,
-                            repaired=notes)
+                            repaired=notes, settings=cfg.settings_path)
     if skipped:
         log.info("resuming: %d of %d queries already in %s", skipped, len(queries), out)
     if not pending:
@@ -122,8 +179,10 @@ def generate_articles(
         max_observation_tokens=cfg.max_observation_tokens, topk=cfg.topk,
         temperature=cfg.temperature, top_p=cfg.top_p, finish_tag=P.ANSWER_CLOSE,
     )
-    state = HarnessState()
+    state = HarnessState.from_dict(dict(cfg.harness_state or {}))
     rubric = fallback_rubric(state)
+    rule = AnswerRule(cfg.citations, cfg.require_citation, cfg.min_answer_chars)
+    n = cfg.samples
 
     bar = tqdm(total=len(queries), initial=skipped, desc="generate", unit="query", disable=not cfg.progress)
     try:
@@ -131,14 +190,22 @@ def generate_articles(
             batch = pending[start:start + cfg.batch_size]
             if on_batch is not None:
                 on_batch(batch)
-            prompts = [encode_chat(tokenizer, solver_messages(q.prompt, rubric, state, cfg.max_tool_calls))
-                       for q in batch]
-            trajs = run_agent(engine, tokenizer, prompts, recorder, agent_cfg, [{"id": q.id} for q in batch])
+            torch.manual_seed(batch_seed(cfg.seed, [q.id for q in batch]))
+            encoded = [encode_chat(tokenizer, solver_messages(q.prompt, rubric, state, cfg.max_tool_calls,
+                                                              cfg.conclusion_line)) for q in batch]
+            prompts = [ids for ids in encoded for _ in range(n)]  # query-major: query i's samples are rows i*n..
+            metas = [{"id": q.id, "sample": k} for q in batch for k in range(n)]
+            trajs = run_agent(engine, tokenizer, prompts, recorder, agent_cfg, metas)
             art_lines, src_lines = [], []
-            for q, traj in zip(batch, trajs):
-                article, parsed = article_from_trajectory(traj, tokenizer)
-                art_lines.append(dump_line({"id": q.extra.get("id", q.id), "prompt": q.prompt, "article": article}))
-                src_lines.append(dump_line(sources_record(q, traj, article, parsed, recorder.passages)))
+            for i, q in enumerate(batch):
+                for k in range(n):
+                    traj = trajs[i * n + k]
+                    article, parsed = article_from_trajectory(traj, tokenizer)
+                    if k == 0:  # the benchmark's file: one article per query
+                        art_lines.append(dump_line({"id": q.extra.get("id", q.id), "prompt": q.prompt,
+                                                    "article": article}))
+                    src_lines.append(dump_line(sources_record(q, traj, article, parsed, recorder.passages, k,
+                                                              answer_checks(traj, tokenizer, rule))))
             append_lines(src, src_lines)  # sources first: the article file records what is done
             append_lines(out, art_lines)
             recorder.passages.clear()

@@ -279,7 +279,8 @@ def run_judge(articles_path: str | Path, sources_path: str | Path | None, client
             raise FileNotFoundError(f"sources file not found: {sources_path} (use --no-citations to skip the check)")
         sources = {}
         for entry in read_jsonl(sources_path):
-            sources[str(entry["id"])] = entry  # the last entry of an id wins (as in generation)
+            if int(entry.get("sample", 0)) == 0:  # the article file holds sample 0 (generate --samples)
+                sources[str(entry["id"])] = entry  # the last entry of an id wins (as in generation)
     records, calls = [], []
     for art in articles:
         rec, art_calls = _article_tasks(art, sources.get(str(art["id"])) if sources is not None else None, opts)

@@ -7,8 +7,9 @@ interrupted run from what is on disk. The rules for what an interrupted file may
   the newline is added), otherwise cut off so that record is regenerated;
 * any other unreadable line is an error in the article file (it is not an interrupted append: fix
   or delete it), and skipped with a warning in the sources file;
-* the sources file is filtered to ids present in the article file (its last entry per id), so a
-  deleted article line gets a fresh sources entry when it is regenerated.
+* the sources file is filtered to ids present in the article file (its last entry per id and
+  ``sample``), so a deleted article line gets fresh sources entries when it is regenerated, and no
+  sample of a query is ever recorded twice.
 """
 
 from __future__ import annotations
@@ -89,14 +90,15 @@ def append_lines(path: Path, lines: list[bytes]) -> None:
 
 
 def sync_sources(path: Path, done: set[str]) -> str | None:
-    """Keep only the last sources entry of each id present in the article file (rewritten atomically)."""
+    """Keep only the last sources entry of each (id, sample) whose id is in the article file (rewritten
+    atomically; a record without ``sample`` is sample 0)."""
     records, note = read_jsonl_resumable(path, ("id",), strict=False)
     if not records:
         return note
-    last: dict[str, dict] = {}
+    last: dict[tuple[str, int], dict] = {}
     for rec in records:
-        last[str(rec["id"])] = rec
-    keep = [rec for key, rec in last.items() if key in done]
+        last[(str(rec["id"]), int(rec.get("sample", 0)))] = rec
+    keep = [rec for (key, _), rec in last.items() if key in done]
     if len(keep) == len(records):
         return note
     tmp = path.with_name(path.name + ".tmp")

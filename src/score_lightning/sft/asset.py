@@ -5,6 +5,10 @@ would and stores it here with a manifest: the cache key it was built under (the 
 input: base checkpoint, demonstrations' inputs, SFT settings) and the sha256 of every file. A run
 whose cold-start key equals the manifest's copies these files into its cache (verifying each hash)
 instead of training; any changed input gives another key, and the cold start is trained as before.
+
+The asset holds the checkpoint only: the cache directory's ``run_config.json`` (the installing run's
+evaluation settings, written by ``sft/run.py``) is not packaged, so the asset does not depend on which
+run built it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from score_lightning.evaluation.settings import RUN_CONFIG
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +76,7 @@ def package(built: Path, asset: Path = ASSET_DIR) -> dict:
     asset.mkdir(parents=True)
     files = {}
     for p in sorted(built.iterdir()):
-        if p.is_file():
+        if p.is_file() and p.name != RUN_CONFIG:
             shutil.copyfile(p, asset / p.name)
             files[p.name] = file_sha256(p)
     manifest = {"key": built.name, "files": files}

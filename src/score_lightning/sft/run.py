@@ -4,7 +4,11 @@ Steps: build the demonstrations for the run's tokenizer, retriever, queries, har
 budgets, and fine-tune the base checkpoint on them (:mod:`score_lightning.sft.train`); optionally
 sample a few rubrics / trajectories / evaluations from the result with the real agent loop
 (:mod:`score_lightning.sft.probe`); save ``save_pretrained`` model + tokenizer + ``sft_meta.json``
-under ``sft.cache_dir/sft-<key>``.
+under ``sft.cache_dir/sft-<key>``, plus ``run_config.json``: the run settings evaluation needs (solver
+budgets and sampling, the prompt's harness state, the reward rule;
+:func:`~score_lightning.evaluation.settings.write_run_settings`), so ``scripts/evaluate.py`` rolls the
+cold start out as the run would. It is written when the checkpoint is trained, installed from the
+package (whose files stay as packaged) or reused from a cache that lacks it.
 
 ``<key>`` hashes every input that changes the result (:mod:`score_lightning.sft.cache`). When that
 directory exists it is reused without training. The directory is written to a temporary sibling
@@ -33,6 +37,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from score_lightning.evaluation.settings import write_run_settings
 from score_lightning.sft.cache import META_FILE, is_complete, sft_output_path
 from score_lightning.sft.demo_types import Demo
 from score_lightning.sft.probe import probe_policy
@@ -113,6 +118,7 @@ def run_sft(cfg: DictConfig, model_path: str) -> Path:
 
             install_packaged(out)  # the default tiny model's cold start ships with the package
         if is_complete(out):
+            _record_settings(out, cfg, out.name)
             meta = json.loads((out / META_FILE).read_text())
             log.info("sft: reusing cached cold-start checkpoint %s (no training)", out)
             m = meta.get("metrics", {})
@@ -124,6 +130,14 @@ def run_sft(cfg: DictConfig, model_path: str) -> Path:
         _log_summary(loggers, {**meta["metrics"], "sft/cache_hit": 0.0}, {"sft/info": f"trained SFT checkpoint `{out}`"},
                      where, step=int(meta["metrics"].get("sft/steps", 0)))
     return out
+
+
+def _record_settings(directory: Path, cfg: DictConfig, key: str) -> None:
+    """``run_config.json`` beside the cold start's weights (first run wins: see ``write_run_settings``)."""
+    try:
+        write_run_settings(directory, cfg, note=f"the settings evaluation reads, written for the cold start {key}")
+    except OSError as exc:  # a read-only shared cache: evaluation then needs --run-config or flags
+        log.warning("sft: could not write %s/run_config.json (%s); evaluate it with --run-config", directory, exc)
 
 
 def _build(cfg: DictConfig, model_path: str, out: Path, inputs: dict, loggers: list) -> dict:
@@ -170,6 +184,7 @@ def _build(cfg: DictConfig, model_path: str, out: Path, inputs: dict, loggers: l
         model.save_pretrained(tmp, safe_serialization=True)
         AutoTokenizer.from_pretrained(str(model_path)).save_pretrained(tmp)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True, default=str))
+        _record_settings(tmp, cfg, out.name)
         try:
             os.rename(tmp, out)
         except OSError:  # another process finished first: its result is identical
