@@ -157,7 +157,8 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, LightningModule):
                                     self.tokenizer.pad_token_id, self.optimizer_hooks("solver", self.policy),
                                     need_trainer_logprobs=c.rollout.engine == "vllm", step_bonus=st.bonus,
                                     neutral=rw.neutral, exclude=rw.excluded)
-            record_solver_update(sc, upd)  # also rollout/logprob_diff when the update computed trainer log-probs
+            # also the engine-trainer gap (rollout/logprob_diff, mismatch_kl, is_*) when it computed pi_old
+            record_solver_update(sc, upd, self.grpo_settings.correction)
             metrics.update({"solver/grad_norm": float(np.mean(upd.grad_norms)) if upd.grad_norms else 0.0,
                             "solver/updates": float(upd.updates)})
         # Phase 2: each rubric sample's reward (pooled over ranks), EMA-centred, REINFORCE every U steps

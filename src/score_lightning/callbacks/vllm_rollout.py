@@ -55,7 +55,7 @@ _ENGINE_KEYS = ("dtype", "gpu_memory_utilization", "tensor_parallel_size", "max_
 
 
 def logprob_mismatch(trajs: Sequence, trainer_lp: torch.Tensor) -> float | None:
-    """Mean |engine - trainer| logprob over model-written response tokens.
+    """Mean |engine - trainer| logprob over model-written response tokens with an engine log-prob (NaN: none).
 
     ``trainer_lp`` is ``[N, L-1]`` in :func:`~score_lightning.step.batching.build_token_batch` layout
     (position ``len(prompt) - 1 + j`` scores response token ``j``), computed on the weights that
@@ -73,6 +73,7 @@ def logprob_mismatch(trajs: Sequence, trainer_lp: torch.Tensor) -> float | None:
             continue
         mask = torch.as_tensor(t.response_mask[:n], dtype=torch.bool)
         eng = torch.as_tensor(t.engine_logprobs, dtype=torch.float32)
+        mask &= torch.isfinite(eng)
         diff = (row - eng).abs()[mask]
         total += float(diff.sum())
         count += int(mask.sum())

@@ -2,7 +2,8 @@
 
 Engines take and return *token ids*: the agent loop keeps every generated id exactly as sampled
 and never re-tokenises the conversation (peers' users hit token drift doing that: TRL #5224,
-verl #3960). Engine logprobs are informational only; the trainer recomputes its own.
+verl #3960). The trainer recomputes its own logprobs (pi_old); the engine's (the behaviour policy mu)
+feed the engine-trainer metrics and the importance weights of ``optim.rollout_correction``.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ nothing left, as in :func:`~score_lightning.rollout.agent.run_agent`.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -187,7 +188,7 @@ class _Roles:
         out = []
         for r, prompt, gen in zip(runs, prompts, gens):
             ids = list(gen.token_ids)[:budget]
-            lps = list(gen.logprobs)[:budget] if gen.logprobs is not None else [0.0] * len(ids)
+            lps = list(gen.logprobs)[:budget] if gen.logprobs is not None else [math.nan] * len(ids)  # none recorded
             if not r.traj.prompt_ids:
                 r.traj.prompt_ids = list(prompt)
             r.traj.add_segment(Segment(role, r.turn, list(prompt), ids, [1] * len(ids), lps))

@@ -12,6 +12,7 @@ citations and conclusions parse it unchanged), and ``rows()`` is what the GRPO u
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from score_lightning.protocol import ANSWER_CLOSE, ANSWER_OPEN
@@ -46,7 +47,8 @@ class Trajectory:
     prompt_ids: list[int]
     response_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
-    #: engine logprob per response token (0.0 on observation tokens); only for the mismatch metric
+    #: the engine's (behaviour) log-prob of each response token: 0.0 on observation tokens, NaN on a model
+    #: token the engine recorded none for; the mismatch metrics and ``optim.rollout_correction`` read them
     engine_logprobs: list[float] = field(default_factory=list)
     tool_calls: int = 0
     invalid_actions: int = 0
@@ -66,8 +68,8 @@ class Trajectory:
     def append(self, ids: list[int], mask_value: int, logprobs: list[float] | None = None) -> None:
         self.response_ids.extend(ids)
         self.response_mask.extend([mask_value] * len(ids))
-        if logprobs is None:
-            logprobs = [0.0] * len(ids)
+        if logprobs is None:  # NaN, not 0.0, on model tokens: a log-prob of 0 would read as probability 1
+            logprobs = [0.0 if mask_value == 0 else math.nan] * len(ids)
         self.engine_logprobs.extend(logprobs)
 
     def add_segment(self, segment: Segment) -> None:

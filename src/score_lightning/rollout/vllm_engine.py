@@ -13,10 +13,14 @@ conventions, so ``rollout=vllm`` and ``rollout=hf`` are interchangeable:
 * ``temperature == 0`` is greedy; sampled requests get per-request seeds drawn from torch's global
   generator, so a seeded (or resumed: the module restores torch's RNG) run samples the same tokens
   again;
-* logprobs are those of the *sampled* token under the temperature-scaled distribution
-  (``logprobs_mode="processed_logprobs"``), which is what the trainer recomputes with
-  ``policy_logprobs(model, batch, temperature)``. They only feed the ``rollout/logprob_diff``
-  metric: training always uses the trainer's own logprobs.
+* logprobs are those of the *sampled* token under the distribution it was sampled from
+  (``logprobs_mode="processed_logprobs"``: after temperature, top-p and any grammar mask), the
+  behaviour policy mu. With top-p = 1 that is the trainer's ``policy_logprobs(model, batch,
+  temperature)``; with top-p < 1 vLLM renormalises over the nucleus, so mu = pi / S with S the kept
+  mass (TRL #6789, DESIGN lesson 8), and config validation refuses ``optim.rollout_correction`` then.
+  They feed the engine-trainer metrics (``rollout/logprob_diff``, ``rollout/mismatch_kl``) and the
+  importance weights of ``optim.rollout_correction``; a log-prob vLLM did not return is NaN (no
+  correction for that token), never 0.0, which would read as probability 1.
 
 Weight sync (:meth:`VLLMEngine.sync_weights`): ``collective_rpc("reload_weights",
 weights_iterator=..., is_checkpoint_format=True)``, then ``reset_prefix_cache()``.
@@ -44,6 +48,7 @@ GPU notes (not testable on the CPU CI; see docs/RECIPES.md):
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import time
@@ -183,7 +188,7 @@ class VLLMEngine:
                 # defensive: keep the HF convention (ids end with the stop id) if vLLM ever drops it
                 ids.append(stop)
                 if lps is not None:
-                    lps.append(0.0)
+                    lps.append(math.nan)  # not sampled by the engine: no behaviour log-prob
             gens.append(Generation(ids, lps, finish, {"stop_reason": stop}))
         return gens
 
@@ -258,14 +263,14 @@ class _Counter:
 
 
 def _sampled_logprobs(logprobs, ids: list[int]) -> list[float]:
-    """Per-position logprob of the sampled token, from vLLM's list-of-dicts or FlatLogprobs."""
+    """Per-position logprob of the sampled token, from vLLM's list-of-dicts or FlatLogprobs; NaN where missing."""
     if logprobs is None:
-        return [0.0] * len(ids)
+        return [math.nan] * len(ids)
     out = []
     for j, tok in enumerate(ids[: len(logprobs)]):
         entry = logprobs[j].get(tok) if logprobs[j] else None
-        out.append(float(entry.logprob) if entry is not None else 0.0)
-    return out + [0.0] * (len(ids) - len(out))
+        out.append(float(entry.logprob) if entry is not None and entry.logprob is not None else math.nan)
+    return out + [math.nan] * (len(ids) - len(out))
 
 
 class _hide_unscannable_globals:

@@ -101,9 +101,9 @@ class EvolvingRubrics:
             added += len(fresh)
             failed += int(not parsed.items)
             if record is not None:  # the evaluator wrote it: REINFORCE trains these tokens
-                prompt, resp, mask, cut = record
+                prompt, resp, mask, cut, lps = record
                 rubric = items_rubric(parsed.items) if parsed.items else fallback_rubric(ctx.state)
-                samples.append(RubricSample(rubric, bool(parsed.items), parsed.error, prompt, resp, mask, cut))
+                samples.append(RubricSample(rubric, bool(parsed.items), parsed.error, prompt, resp, mask, cut, lps))
             else:
                 samples.append(None)
         out_samples = [(s, [qi]) for qi, s in zip(owners, samples) if s is not None]
@@ -138,7 +138,8 @@ class EvolvingRubrics:
             span = rubric_token_span(resp, ctx.tokenizer.decode, ITEMS_CLOSE)
             end = span[1] if span else len(resp)
             texts.append(ctx.tokenizer.decode(resp))
-            records.append((prompt, resp, [1] * end + [0] * (len(resp) - end), gen.finish_reason == "length"))
+            records.append((prompt, resp, [1] * end + [0] * (len(resp) - end), gen.finish_reason == "length",
+                            list(gen.logprobs) if gen.logprobs is not None else None))
         return texts, records
 
     # ------------------------------------------------------------------ after the scoring

@@ -16,6 +16,7 @@ In the order ``ScoreModule.training_step`` calls them (Algorithm 1 of the paper)
 6. :mod:`~score_lightning.step.scalars` - everything logged, reduced across data-parallel ranks.
 
 The update maths the stages share sits beside them: :mod:`~score_lightning.step.losses` (GRPO and
-REINFORCE as pure tensor functions), :mod:`~score_lightning.step.batching` (PPO mini/micro batches
-with an exact global token mean) and :mod:`~score_lightning.step.optimizers` (both roles' AdamW).
+REINFORCE as pure tensor functions), :mod:`~score_lightning.step.rollout_correction` (engine-trainer
+importance weights, ``optim.rollout_correction``), :mod:`~score_lightning.step.batching` (PPO mini/micro
+batches with an exact global token mean) and :mod:`~score_lightning.step.optimizers` (both roles' AdamW).
 """

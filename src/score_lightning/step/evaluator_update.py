@@ -9,6 +9,10 @@ rubric is the one rank 0 sampled and broadcast: every rank computes the same los
 average identical gradients, so the update equals one process training it once. Rubrics that
 belong to queries (RLER items) differ by rank; every rank still makes exactly one forward and
 backward (a masked dummy row when it has none), as data-parallel gradient averaging requires.
+
+With ``optim.rollout_correction`` each rubric token's log-prob in the sum carries the detached weight of
+:mod:`~score_lightning.step.rollout_correction` (a sequence mode: one weight per rubric), built from the
+engine's log-probs of that rubric; the KL term is not weighted by it.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ import torch
 from torch import nn
 
 from score_lightning.step.batching import TokenBatch, build_token_batch, policy_logprobs
-from score_lightning.step.losses import k3_kl, masked_mean, reinforce_loss
+from score_lightning.step.losses import k3_kl, masked_mean, policy_ratio, reinforce_loss
+from score_lightning.step.rollout_correction import RolloutCorrection, behaviour_logprobs, weight_sums
 from score_lightning.step.solver_update import OptimizerHooks
 from score_lightning.step.types import RubricSample
 
@@ -31,12 +36,14 @@ class ReinforceSettings:
     alpha: float  # the loss's factor: 1 when alpha is the evaluator's lr ratio (optimizers.loss_alpha)
     kl_coef: float
     kl_clamp: float
+    correction: RolloutCorrection = RolloutCorrection()  # optim.rollout_correction, as for the solver
 
     @classmethod
     def from_cfg(cls, cfg) -> "ReinforceSettings":
         from score_lightning.step.optimizers import loss_alpha
 
-        return cls(float(cfg.evaluator.temperature), loss_alpha(cfg), float(cfg.loss.kl_coef), float(cfg.loss.kl_clamp))
+        return cls(float(cfg.evaluator.temperature), loss_alpha(cfg), float(cfg.loss.kl_coef), float(cfg.loss.kl_clamp),
+                   RolloutCorrection.from_cfg(cfg))
 
 
 def rubric_batch(samples: Sequence[RubricSample], pad_id: int) -> TokenBatch:
@@ -65,15 +72,30 @@ def evaluator_update(model: nn.Module, ref: nn.Module | None, samples: Sequence[
     batch = rubric_batch(samples, pad_id).to(hooks.device)
     seq_lp, logp = rubric_logprobs(model, batch, settings.temperature)
     adv = torch.tensor(list(advantages) if samples else [0.0], dtype=seq_lp.dtype, device=seq_lp.device)
-    loss = reinforce_loss(seq_lp, adv, settings.alpha)
+    corr, out = settings.correction, {}
+    trained_lp = seq_lp
+    if corr.active and samples:
+        # pi_old is the model as it is now (after the solver's step under a shared actor): the weight corrects
+        # the sampled rubric to the policy REINFORCE differentiates, engine gap and any drift since sampling
+        w = corr.weights(logp.detach(), behaviour_logprobs(samples, tuple(batch.loss_mask.shape)), batch.loss_mask)
+        trained_lp = (w.weight * logp * batch.loss_mask).sum(dim=1)
+        sums = weight_sums(w)
+        n = max(float(w.valid.sum()), 1.0)
+        out = {"evaluator/is_weight_mean": sums["weight"] / n, corr.outside_tag("evaluator"): sums["outside"] / n}
+    loss = reinforce_loss(trained_lp, adv, settings.alpha)
     kl_value = 0.0
     if settings.kl_coef > 0 and ref is not None:
         with torch.no_grad():
             ref_lp, _ = policy_logprobs(ref, batch, settings.temperature)
-        kl = masked_mean(k3_kl(logp, ref_lp, kl_clamp=settings.kl_clamp), batch.loss_mask)
-        loss = loss + settings.kl_coef * kl
+        per_token = k3_kl(logp, ref_lp, kl_clamp=settings.kl_clamp)
+        kl = masked_mean(per_token, batch.loss_mask)
+        if corr.kl_is_weighted:  # loss.kl_is_weighted: value unchanged (pi_old = pi_theta here), gradient not
+            loss = loss + settings.kl_coef * masked_mean(per_token * policy_ratio(logp, logp.detach()), batch.loss_mask)
+        else:
+            loss = loss + settings.kl_coef * kl
         kl_value = float(kl.detach())
     hooks.backward(loss)
     norm, ok = hooks.step()
-    return {"evaluator/loss": float(loss.detach()), "evaluator/kl": kl_value, "evaluator/grad_norm": norm,
-            "evaluator/rubric_logprob": float(seq_lp.detach().sum()), "evaluator/updated": float(ok)}
+    out.update({"evaluator/loss": float(loss.detach()), "evaluator/kl": kl_value, "evaluator/grad_norm": norm,
+                "evaluator/rubric_logprob": float(seq_lp.detach().sum()), "evaluator/updated": float(ok)})
+    return out

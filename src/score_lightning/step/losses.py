@@ -28,6 +28,7 @@ __all__ = [
     "group_advantages",
     "k3_kl",
     "clipped_surrogate",
+    "policy_ratio",
     "masked_sum",
     "masked_mean",
     "grpo_token_loss",
@@ -210,6 +211,12 @@ def clipped_surrogate(
     return loss, clipped
 
 
+def policy_ratio(logp: Tensor, old_logp: Tensor, log_ratio_clamp: float = 20.0) -> Tensor:
+    """``pi_theta / pi_old = exp(logp - old_logp)`` per token, with its gradient; clamped as in
+    :func:`clipped_surrogate` so a stale token cannot produce ``inf``."""
+    return torch.exp((logp - old_logp.detach()).clamp(min=-log_ratio_clamp, max=log_ratio_clamp))
+
+
 def masked_sum(x: Tensor, mask: Tensor) -> Tensor:
     """Sum of ``x`` over mask-1 entries (scalar).
 
@@ -238,6 +245,8 @@ def grpo_token_loss(
     entropy_coef: float = 0.0,
     entropy: Tensor | None = None,
     kl_clamp: float = 10.0,
+    is_weight: Tensor | None = None,
+    kl_is_weighted: bool = False,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Solver GRPO actor loss for one micro-batch, as a **sum** over response tokens.
 
@@ -246,19 +255,28 @@ def grpo_token_loss(
     ``ref_logp=None`` (or ``kl_coef == 0``) drops the KL term. ``kl_clamp`` bounds the per-token
     k3 value (``loss.kl_clamp``), as for the evaluator's KL.
 
+    ``is_weight [B, T]`` (``optim.rollout_correction``, :mod:`~score_lightning.step.rollout_correction`): a
+    detached engine-trainer importance weight on each token's clipped surrogate; the KL term is not
+    weighted by it (TRL's ``_compute_loss``). ``kl_is_weighted`` (``loss.kl_is_weighted``, TRL's
+    ``use_bias_correction_kl``) multiplies the KL term by ``pi_theta / pi_old = exp(logp - old_logp)``,
+    with its gradient: the k3 samples come from pi_old, and this makes the KL gradient the unbiased
+    reverse-KL gradient (DeepSeek-V3.2). Its value is 1 on-policy; its gradient is not.
+
     Returns ``(loss_sum, stats)``. Divide ``loss_sum`` by the token count of the *whole*
     mini-batch (all micro-batches, all ranks), never by this micro-batch's own count: the sum of
     those terms then equals the full-batch token mean exactly, value and gradient (see the module
     docstring; verl PR #906, TRL #3021). ``stats`` holds detached masked sums ``pg``, ``kl``,
     ``clipfrac``, ``entropy`` and ``tokens``, so they too can be summed over micro-batches and
-    divided once by the global ``tokens``.
+    divided once by the global ``tokens``. ``pg`` is the term as it enters the loss (IS-weighted).
     """
     pg, clipped = clipped_surrogate(logp, old_logp, advantages, clip_low=clip_low, clip_high=clip_high)
+    if is_weight is not None:
+        pg = pg * is_weight.detach().to(pg.dtype)
     per_token = pg
     if ref_logp is not None:
-        kl = k3_kl(logp, ref_logp, kl_clamp=kl_clamp)
+        kl = k3_kl(logp, ref_logp, kl_clamp=kl_clamp)  # logged unweighted (solver/kl)
         if kl_coef != 0.0:
-            per_token = per_token + kl_coef * kl
+            per_token = per_token + kl_coef * (kl * policy_ratio(logp, old_logp) if kl_is_weighted else kl)
     else:
         kl = torch.zeros_like(pg)
     if entropy is not None:

@@ -11,6 +11,7 @@ import torch
 
 from score_lightning.step.dynamic_sampling import informative_groups
 from score_lightning.step.reward_assembly import StepRewards
+from score_lightning.step.rollout_correction import RolloutCorrection
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_update import SolverUpdateResult
 from score_lightning.step.types import StepRollouts
@@ -84,9 +85,10 @@ def record_mams(sc: StepScalars, solver: list) -> None:
     sc.max("rollout/context_tokens_max", float(max(t.meta.get("context_max", 0) for t in solver)))
 
 
-def record_solver_update(sc: StepScalars, upd: SolverUpdateResult) -> None:
+def record_solver_update(sc: StepScalars, upd: SolverUpdateResult,
+                         correction: RolloutCorrection = RolloutCorrection()) -> None:
     """Token means of the update's terms, pooled over every rank's response tokens; with the trainer's
-    pre-update log-probs (PPO epochs, mini-batches, vLLM), the engine-vs-trainer log-prob gap per trained row."""
+    pre-update log-probs (PPO epochs, mini-batches, vLLM, a rollout correction), the engine-vs-trainer gap."""
     tokens = upd.sums["tokens"]
     for key, tag in (("pg", "solver/pg_loss"), ("kl", "solver/kl"), ("clipfrac", "solver/clipfrac"),
                      ("entropy", "solver/entropy"), ("loss", "solver/loss")):
@@ -97,3 +99,18 @@ def record_solver_update(sc: StepScalars, upd: SolverUpdateResult) -> None:
 
         diff = logprob_mismatch(upd.rows, upd.trainer_logprobs)
         sc.mean("rollout/logprob_diff", diff or 0.0, 1.0 if diff is not None else 0.0)
+    if upd.correction:  # the same keys on every rank: they follow the config (trainer log-probs, the mode)
+        record_correction(sc, upd.correction, correction)
+
+
+def record_correction(sc: StepScalars, sums: dict[str, float], correction: RolloutCorrection) -> None:
+    """The engine-trainer gap over the trained model tokens with an engine log-prob, pooled over ranks: k3 and
+    k1 estimates of KL(mu || pi_old) per token, the perplexity ratio exp(k1) = PPL(pi_old) / PPL(mu), and with a
+    correction on, the mean weight and the share of tokens outside [C_min, C_max] (zeroed or clamped)."""
+    n = sums["tokens"]
+    sc.mean("rollout/mismatch_kl", sums["k3"], n)
+    sc.mean("rollout/mismatch_k1", sums["k1"], n)
+    sc.exp("rollout/ppl_ratio", "rollout/mismatch_k1")
+    if correction.active:
+        sc.mean("rollout/is_weight_mean", sums["weight"], n)
+        sc.mean(correction.outside_tag("rollout"), sums["outside"], n)

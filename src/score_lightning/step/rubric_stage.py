@@ -98,6 +98,7 @@ def sample_rubric(engine: RolloutEngine, tokenizer, messages: list[dict], state:
         rubric=parsed.rubric if ok else fallback_rubric(state),  # type: ignore[arg-type]
         valid=ok, error="" if ok else parsed.error, prompt_ids=prompt, response_ids=ids,
         train_mask=train_mask(tokenizer, ids), truncated=gen.finish_reason == "length",
+        engine_logprobs=list(gen.logprobs) if gen.logprobs is not None else None,
     )
 
 

@@ -38,6 +38,7 @@ class StepScalars:
         self.consistency = self._new(Consistency())
         self._metrics: dict[str, Metric] = {}
         self._differences: dict[str, tuple[str, str]] = {}
+        self._exps: dict[str, str] = {}
 
     def _new(self, metric: Metric) -> Metric:
         metric = metric.to(self.device)
@@ -69,6 +70,11 @@ class StepScalars:
         """Log ``tag`` = pooled ``minuend`` - pooled ``subtrahend`` (NaN when either side saw nothing)."""
         self._differences[tag] = (minuend, subtrahend)
 
+    def exp(self, tag: str, source: str) -> None:
+        """Log ``tag`` = exp(pooled ``source``): a ratio of pooled geometric means (e.g. perplexities), which a
+        mean of per-rank ratios would not be (NaN when ``source`` saw nothing)."""
+        self._exps[tag] = source
+
     def global_mean_reward(self) -> float:
         """The pooled R_s of the step so far (collective); NaN without reports."""
         return _value(self.reward)
@@ -86,6 +92,9 @@ class StepScalars:
         out = {tag: _value(self._metrics[tag]) for tag in sorted(self._metrics)}
         for tag, (a, b) in self._differences.items():
             out[tag] = out.get(a, math.nan) - out.get(b, math.nan)
+        for tag, source in self._exps.items():
+            v = out.get(source, math.nan)
+            out[tag] = math.exp(min(v, 700.0)) if math.isfinite(v) else v
         mean = _value(self.reward)
         out["solver/reward_mean"] = mean
         out["solver/reward_std"] = math.sqrt(max(_value(self.reward_sq) - mean * mean, 0.0)) if math.isfinite(mean) else mean

@@ -10,6 +10,10 @@ GPU as on 4 (the paper's 64 queries / 32 per mini-batch = 2 optimiser steps per 
 Rows (:mod:`~score_lightning.step.solver_rows`): a ReAct trajectory is one row, a MaMs trajectory one
 row per role call, each with its trajectory's advantage; with step-level rewards the advantage is
 per token (``step_bonus``), which the clipped surrogate takes as ``[B, T]``.
+
+Engine-trainer correction (``optim.rollout_correction``, :mod:`~score_lightning.step.rollout_correction`):
+pi_old is then always recomputed before the first optimiser step, and each token's surrogate carries
+the detached weight built from pi_old / mu (the engine's log-probs), the same weight in every epoch.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from torch import Tensor, nn
 from score_lightning import distributed as D
 from score_lightning.step.batching import TokenBatch, build_token_batch, policy_logprobs
 from score_lightning.step.losses import group_advantages, grpo_token_loss
+from score_lightning.step.rollout_correction import RolloutCorrection, batch_correction
 from score_lightning.rollout.trajectory import Trajectory
 from score_lightning.step.solver_rows import TokenBonus, token_advantages, training_rows
 
@@ -42,6 +47,7 @@ class GRPOSettings:
     norm_adv_by_std: bool
     adv_eps: float
     share_prompt: bool = False  # one packed forward per prompt group (optim.share_prompt_forward)
+    correction: RolloutCorrection = RolloutCorrection()  # optim.rollout_correction (engine-trainer IS weights)
 
     @classmethod
     def from_cfg(cls, cfg) -> "GRPOSettings":
@@ -49,7 +55,8 @@ class GRPOSettings:
         return cls(int(cfg.solver.num_rollouts), float(cfg.solver.temperature), int(o.mini_batch_size),
                    int(o.micro_batch_size), int(o.ppo_epochs), float(loss.clip_ratio_low), float(loss.clip_ratio_high),
                    float(loss.kl_coef), float(loss.kl_clamp), float(loss.entropy_coef), bool(loss.norm_adv_by_std),
-                   float(loss.adv_eps), bool(o.get("share_prompt_forward", False)))
+                   float(loss.adv_eps), bool(o.get("share_prompt_forward", False)),
+                   correction=RolloutCorrection.from_cfg(cfg))
 
     def mini_batches(self, num_queries: int, world: int) -> list[list[int]]:
         """This rank's trajectory rows of each optimiser step.
@@ -87,6 +94,7 @@ class SolverUpdateResult:
     updates: int = 0
     trainer_logprobs: Tensor | None = None  # pre-update log-probs [rows, L-1] (for the engine mismatch metric)
     rows: list = field(default_factory=list)  # the trained rows (trajectories, or MaMs segments), as in trainer_logprobs
+    correction: dict[str, float] = field(default_factory=dict)  # engine-trainer gap and IS-weight sums
 
 
 def chunked_logprobs(model: nn.Module, batch: TokenBatch, temperature: float, micro: int, device,
@@ -129,12 +137,13 @@ def solver_update(policy: nn.Module, ref: nn.Module | None, trajs: Sequence[Traj
     off_policy = s.ppo_epochs > 1 or len(mini_batches) > 1
     old_lp = ref_lp = None
     with torch.no_grad():
-        if off_policy or need_trainer_logprobs:  # after the first optimiser step the policy has moved
+        if off_policy or need_trainer_logprobs or s.correction.active:  # pi_old: the policy moves after one step
             old_lp = chunked_logprobs(policy, batch, s.temperature, s.micro_batch_size, hooks.device, s.share_prompt)
         if s.kl_coef > 0 and ref is not None:
             ref_lp = chunked_logprobs(ref, batch, s.temperature, s.micro_batch_size, hooks.device, s.share_prompt)
+    is_w, corr_sums = batch_correction(s.correction, old_lp, tr.rows, batch.loss_mask, torch.as_tensor(tr.owner))
     result = SolverUpdateResult(adv, {k: 0.0 for k in ("pg", "kl", "clipfrac", "entropy", "tokens", "loss")},
-                                trainer_logprobs=old_lp, rows=tr.rows)
+                                trainer_logprobs=old_lp, rows=tr.rows, correction=corr_sums)
     world = D.world_size()
     for _epoch in range(s.ppo_epochs):
         for rows in mini_batches:
@@ -153,7 +162,8 @@ def solver_update(policy: nn.Module, ref: nn.Module | None, trajs: Sequence[Traj
                 loss_sum, st = grpo_token_loss(
                     logp, old, ref_rows, a.to(hooks.device), sub.loss_mask, clip_low=s.clip_low,
                     clip_high=s.clip_high, kl_coef=s.kl_coef, entropy_coef=s.entropy_coef, entropy=ent,
-                    kl_clamp=s.kl_clamp,
+                    kl_clamp=s.kl_clamp, is_weight=is_w[idx, :width].to(hooks.device) if is_w is not None else None,
+                    kl_is_weighted=s.correction.kl_is_weighted,
                 )
                 # exact global token mean; DDP/FSDP average gradients over ranks, hence * world size
                 hooks.backward(loss_sum * (world / mb_tokens))

@@ -71,6 +71,7 @@ class StepSample:
     valid: bool
     trajectory: int
     step: int
+    engine_logprobs: list[float] | None = None  # the engine's log-prob of each response token (rollout_correction)
 
 
 @dataclass
@@ -134,7 +135,8 @@ class StepRewardStage:
             parsed = parse_step_judgement(tokenizer.decode(ids))
             cited = float(any(d in rw.answers[i].cited_ids for d in st.doc_ids))
             out.scores[i][st.index] = None if parsed.judged is None else (2.0 * parsed.judged + cited) / 3.0
-            out.samples.append(StepSample(prompt, ids, judgement_train_mask(tokenizer, ids), parsed.valid, i, st.index))
+            out.samples.append(StepSample(prompt, ids, judgement_train_mask(tokenizer, ids), parsed.valid, i, st.index,
+                                          list(gen.logprobs) if gen.logprobs is not None else None))
         out.step_advantages = group_step_advantages(out.scores, k, s.eps)
         for i, ss in enumerate(steps):
             out.bonus[i] = [TokenBonus(st.row, st.start, st.end, s.lam * out.step_advantages[i][st.index]) for st in ss]

@@ -26,6 +26,7 @@ class RubricSample:
     response_ids: list[int] | None = None
     train_mask: list[int] | None = None  # 1 on the response tokens up to the end of </dimensions>
     truncated: bool = False
+    engine_logprobs: list[float] | None = None  # the engine's log-prob of each response token (rollout_correction)
 
     @property
     def sampled(self) -> bool:

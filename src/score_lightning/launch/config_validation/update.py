@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from score_lightning.launch.config_validation.values import BOOL, Checks, integer, number
+from score_lightning.launch.config_validation.values import BOOL, Checks, integer, number, one_of
 from score_lightning.launch.config_validation.topology import data_parallel_size
+from score_lightning.step.rollout_correction import MODES, resolve_mode
 
 
 def check_update(c: Checks) -> None:
@@ -32,3 +33,26 @@ def check_update(c: Checks) -> None:
     if world > 1 and isinstance(mb, int) and mb % world:
         c.add(f"optim.mini_batch_size={mb}: counts global queries and must be divisible by the {world} "
               "data-parallel processes")
+    check_rollout_correction(c)
+
+
+def check_rollout_correction(c: Checks) -> None:
+    """``optim.rollout_correction`` and its bounds; and no correction against vLLM's top-p-renormalised log-probs."""
+    c("optim.rollout_correction", one_of("auto", *MODES), "auto, " + ", ".join(MODES))
+    c("loss.kl_is_weighted", *BOOL)
+    lo, hi = c.get("optim.rollout_correction_clip_min"), c.get("optim.rollout_correction_clip_max")
+    if lo is not None:
+        c("optim.rollout_correction_clip_min", number(0.0, 1.0), "null or a number in [0, 1] (a ratio of 1, where "
+          "engine and trainer agree, must keep its weight)")
+    c("optim.rollout_correction_clip_max", number(1.0), "a number >= 1 (C_max, never null: an unbounded weight is one "
+      "long trajectory away from inf)")
+    if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and not lo < hi:
+        c.add(f"optim.rollout_correction_clip_min={lo}: must be < optim.rollout_correction_clip_max={hi}")
+    value, engine, top_p = c.get("optim.rollout_correction"), str(c.get("rollout.engine")), c.get("solver.top_p")
+    if value in ("auto", *MODES) and engine == "vllm" and isinstance(top_p, (int, float)) and top_p < 1.0:
+        mode = resolve_mode(value, engine)
+        if mode != "none":
+            c.add(f"optim.rollout_correction={value} ({mode}) with rollout=vllm and solver.top_p={top_p}: vLLM's "
+                  "log-probs are renormalised over the top-p nucleus, so every ratio pi_old/mu would carry the kept "
+                  "mass S (TRL #6789), not the engine-trainer gap; set solver.top_p=1.0 or "
+                  "optim.rollout_correction=none")
