@@ -52,13 +52,15 @@ class RewardSettings:
     citations: str = "any"  # reward.citations: any | retrieved (grounded validity)
     scoring: str = "joint"  # evaluator.scoring: joint | pointwise
     tau_from_harness: bool = False  # verifier.tau_from_harness
+    score_readout: str = "sampled"  # evaluator.score_readout: sampled | expected (how the scores are read)
 
     @classmethod
     def from_cfg(cls, cfg) -> "RewardSettings":
         return cls(bool(cfg.reward.require_citation), int(cfg.reward.min_answer_chars), bool(cfg.verifier.enabled),
                    int(cfg.verifier.min_search_depth), str(cfg.verifier.get("zero", "reward")),
                    str(cfg.reward.get("citations", "any")), str(cfg.evaluator.get("scoring", "joint")),
-                   bool(cfg.verifier.get("tau_from_harness", False)))
+                   bool(cfg.verifier.get("tau_from_harness", False)),
+                   str(cfg.evaluator.get("score_readout", "sampled")))
 
 
 @dataclass
@@ -122,7 +124,8 @@ def assemble_rewards(
     num_reports: int, settings: RewardSettings, tokenizer,
 ) -> StepRewards:
     """Parse each query's evaluation(s) under that query's rubric and combine validity, scores, gates and the verifier."""
-    groups = group_evaluations(scoring, rubrics, num_reports, settings.scoring, state.process_constraints, tokenizer)
+    groups = group_evaluations(scoring, rubrics, num_reports, settings.scoring, state.process_constraints, tokenizer,
+                               settings.score_readout)
     tau = effective_tau(settings.min_search_depth, state, settings.tau_from_harness)
     return rewards_from_evaluations(answers, groups, rubrics, num_reports, tau, settings)
 
