@@ -5,18 +5,26 @@
     python scripts/probe_scoring.py --model logs/run/export --groups 40 evaluator.constrained_scoring=false
     python scripts/probe_scoring.py --model smollm2_135m --groups 40 experiment=smol_score   # a model preset
     python scripts/probe_scoring.py --scoring joint,pointwise          # both protocols on the same reports
+    python scripts/probe_scoring.py --readout sampled,expected         # both score readouts of the same evaluations
 
 Each group is one step of one query, sampled as RL samples it: a rubric from the rubric prompt (the
 harness's initial state and the scheduler's first hints; the fallback rubric if it does not parse),
 K solver rollouts with the retriever, and the evaluation of the K reports by the step's own scoring stage:
 one evaluation of all K (``evaluator.scoring=joint``) or one per report (``pointwise``), constrained or
-not as the config says. ``--scoring joint,pointwise`` scores the same groups under each protocol. Reported: how many evaluations and single reports parse, and whether the
-rubric-weighted scores separate valid reports (a(r) = 1) from invalid ones (also split by why a
-report is invalid: no report shown, no citation, ...), and reports whose citations were all retrieved
-from the others. Each separation is a difference of means with a 95% bootstrap interval over groups
-(a group's reports share one evaluation). The last line is ``key=value`` pairs. ``--demos N`` first fits
-N fresh scoring demos teacher-forced (:mod:`score_lightning.sft.demo_fit`): whether the model gets the
-scores right when the verification text is given, and whether it writes that text right.
+not as the config says. ``--scoring joint,pointwise`` scores the same groups under each protocol. The same
+reports are scored twice per protocol: under each group's sampled rubric (``rubric=sampled``) and under the
+harness's fallback rubric (``rubric=fallback``). ``--readout sampled,expected`` reads every evaluation both ways
+(``evaluator.score_readout``; ``expected`` needs constrained scoring). Reported: how many evaluations and single
+reports parse, whether the rubric-weighted scores separate valid reports (a(r) = 1) from invalid ones (also split
+by why a report is invalid: no report shown, no citation, ...) and reports whose citations were all retrieved from
+the others, each a difference of means with a 95% bootstrap interval over groups (a group's reports share one
+evaluation); and whether, among a group's valid reports, the scores rank them as the programmatic quality q(r) of
+``reward.rule_quality`` does (``retrieved_cited`` unless the config sets it; :mod:`score_lightning.rewards.rule`):
+Kendall's tau-b per group, averaged over the groups with two valid reports that are not all tied, with a 95%
+group-bootstrap interval (:mod:`score_lightning.evaluation.score_signal`). One ``key=value`` line per protocol,
+rubric and readout. ``--demos N`` first fits N fresh scoring demos teacher-forced
+(:mod:`score_lightning.sft.demo_fit`): whether the model gets the scores right when the verification text is
+given, and whether it writes that text right.
 """
 
 from __future__ import annotations
@@ -41,24 +49,6 @@ def _compose(overrides: list[str]):
         return compose(config_name="train", overrides=overrides)
 
 
-def _gap(score: np.ndarray, side: np.ndarray, group: np.ndarray, rng: np.random.Generator) -> tuple[float, float, float]:
-    """Mean score where ``side`` minus where not, and its 95% bootstrap interval over groups (NaN when a side
-    is empty). Groups, not reports, are resampled: the K reports of one group share a query, a rubric and
-    one evaluation, so their scores are not independent and a per-report bootstrap is too narrow."""
-    if side.all() or not side.any():
-        return float("nan"), float("nan"), float("nan")
-    ids = np.unique(group)
-    members = [np.flatnonzero(group == g) for g in ids]
-    boots = []
-    for _ in range(2000):
-        pick = np.concatenate([members[i] for i in rng.integers(0, len(ids), len(ids))])
-        s, y = score[pick], side[pick]
-        if y.any() and not y.all():
-            boots.append(s[y].mean() - s[~y].mean())
-    lo, hi = np.percentile(boots, [2.5, 97.5])
-    return float(score[side].mean() - score[~side].mean()), float(lo), float(hi)
-
-
 def main() -> int:
     from omegaconf import OmegaConf
 
@@ -77,6 +67,7 @@ def main() -> int:
     from score_lightning.sft.asset import ASSET_DIR
     from score_lightning.step.evaluations import group_evaluations
     from score_lightning.step.reward_assembly import RewardSettings, parse_answers
+    from score_lightning.rewards.rule import rule_quality
     from score_lightning.step.rollouts import RolloutSettings, scoring_rollouts, solver_rollouts
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -88,9 +79,17 @@ def main() -> int:
                     help="also fit N fresh scoring demos teacher-forced, per report kind (score_lightning.sft.demo_fit)")
     ap.add_argument("--scoring", default=None,
                     help="comma list of protocols to score the same groups with (default: evaluator.scoring)")
+    ap.add_argument("--readout", default=None,
+                    help="comma list of score readouts to read the same evaluations with, sampled and/or expected "
+                         "(default: evaluator.score_readout)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides (default experiment=tiny_score)")
     args = ap.parse_args()
     cfg = _compose(["experiment=tiny_score", *args.overrides])
+    readouts = (args.readout or str(cfg.evaluator.get("score_readout", "sampled"))).split(",")
+    if not set(readouts) <= {"sampled", "expected"}:
+        ap.error(f"--readout {args.readout}: sampled and/or expected")
+    if "expected" in readouts and not bool(cfg.evaluator.get("constrained_scoring", False)):
+        ap.error("--readout expected needs evaluator.constrained_scoring=true (the grammar marks each score's value)")
     from score_lightning.policy.cpu_memory import set_malloc_mmap_threshold
     from score_lightning.launch.training import resolve_model_arg
 
@@ -135,25 +134,40 @@ def main() -> int:
     K = settings.num_rollouts
     reports = [[a.answer if a.answer else None for a in answers[g * K:(g + 1) * K]] for g in range(args.groups)]  # as RL
     sources = [[t.retrieved_ids for t in trajs[g * K:(g + 1) * K]] for g in range(args.groups)]
+    kind = str(cfg.reward.get("rule_quality", "retrieved_cited"))  # q(r): the rule reward's, ranked against
+    tops = [[h.id for h in hits] for hits in retriever.search(group_queries, int(cfg.solver.topk))] \
+        if kind == "coverage" else [[] for _ in group_queries]  # D_q^0: the query's top BM25 passages
+    quality = [rule_quality(kind, a.cited_ids, t.retrieved_ids, tops[i // K])
+               for i, (a, t) in enumerate(zip(answers, trajs))]
     print(f"groups {args.groups} (K={K}), rubrics sampled valid {np.mean([p.valid for p in parses]):.2f}, "
           f"answers valid {np.mean([a.valid for a in answers]):.2f}, constrained scoring {settings.constrained_scoring}, "
-          f"show_retrieved {settings.show_retrieved}")
+          f"show_retrieved {settings.show_retrieved}, quality {kind}")
+    rubric_sets = {"sampled": rubrics, "fallback": [fallback_rubric(state)] * args.groups}
     for protocol in (args.scoring or str(cfg.evaluator.scoring)).split(","):
-        proto = replace(settings, scoring_protocol=protocol)
+        # the expected readout is read while scoring, beside the written values: one scoring serves both readouts
+        proto = replace(settings, scoring_protocol=protocol,
+                        score_readout="expected" if "expected" in readouts else "sampled")
         # a group is one scoring row jointly and K pointwise: as many groups per generate call as rows fit
         rows = K if protocol == "pointwise" else 1
         step = max(1, engine.max_batch_size // rows)
-        scoring = [t for s in range(0, args.groups, step)
-                   for t in scoring_rollouts(engine, tok, retriever, group_queries[s:s + step], reports[s:s + step],
-                                             rubrics[s:s + step], state, proto, sources[s:s + step])]
-        evals = group_evaluations(scoring, rubrics, K, protocol, state.process_constraints, tok)
-        _report(protocol, evals, rubrics, answers, trajs, K, np.random.default_rng(args.seed))
+        for name, rs in rubric_sets.items():
+            scoring = [t for s in range(0, args.groups, step)
+                       for t in scoring_rollouts(engine, tok, retriever, group_queries[s:s + step], reports[s:s + step],
+                                                 rs[s:s + step], state, proto, sources[s:s + step])]
+            for readout in readouts:
+                evals = group_evaluations(scoring, rs, K, protocol, state.process_constraints, tok, readout)
+                _report(protocol, name, readout, evals, rs, answers, trajs, quality, K, args.seed)
     return 0
 
 
-def _report(protocol: str, evals, rubrics, answers, trajs, K: int, brng: np.random.Generator) -> None:
-    """Separation of the rubric-weighted scores among reports whose scores parsed: valid vs invalid, and
-    reports citing only retrieved ids vs the rest; a ``key=value`` line per protocol."""
+def _report(protocol: str, rubric: str, readout: str, evals, rubrics, answers, trajs, quality: list[float], K: int,
+            seed: int) -> None:
+    """Among reports whose scores parsed: separation of the rubric-weighted scores (valid vs invalid, and reports
+    citing only retrieved ids vs the rest) and their within-group ranking of the valid reports against q(r);
+    a ``key=value`` line per protocol, rubric and readout."""
+    from score_lightning.evaluation.score_signal import score_gap, within_group_tau
+
+    brng = np.random.default_rng(seed)
     rows = []
     for g, ev in enumerate(evals):
         matrix = ev.parse.score_matrix(rubrics[g], K)
@@ -162,27 +176,36 @@ def _report(protocol: str, evals, rubrics, answers, trajs, K: int, brng: np.rand
             cited_ok = bool(a.cited_ids) and all(c in t.retrieved_ids for c in a.cited_ids)
             if ev.report_valid(k + 1):
                 rows.append((a.valid, cited_ok, sum(w * s for w, s in zip(rubrics[g].weights, matrix[k])),
-                             "valid" if a.valid else ("no report" if not a.answer else a.reason.split(" (")[0]), g))
+                             "valid" if a.valid else ("no report" if not a.answer else a.reason.split(" (")[0]), g,
+                             quality[g * K + k]))
     score = np.array([r[2] for r in rows])
     valid = np.array([r[0] for r in rows], dtype=bool)
     cited = np.array([r[1] for r in rows], dtype=bool)
     group = np.array([r[4] for r in rows])
-    gv, gv_lo, gv_hi = _gap(score, valid, group, brng)
-    gc, gc_lo, gc_hi = _gap(score, cited, group, brng)
+    gv, gv_lo, gv_hi = score_gap(score, valid, group, brng)
+    gc, gc_lo, gc_hi = score_gap(score, cited, group, brng)
+    tau = within_group_tau(score, np.array([r[5] for r in rows]), valid, group, seed)
     n_reports = len(evals) * K
     mean = lambda side: score[side].mean() if side.any() else float("nan")  # noqa: E731
-    print(f"[{protocol}] scored reports {len(rows)}/{n_reports}: valid {int(valid.sum())} mean {mean(valid):.3f}, "
+    tag = f"[{protocol}, {rubric} rubric, {readout} readout]"
+    print(f"{tag} scored reports {len(rows)}/{n_reports}: valid {int(valid.sum())} mean {mean(valid):.3f}, "
           f"invalid {int((~valid).sum())} mean {mean(~valid):.3f}")
     by_reason: dict[str, list[float]] = {}
     for r in rows:
         by_reason.setdefault(r[3], []).append(r[2])
-    print(f"[{protocol}] mean score by report: "
+    print(f"{tag} mean score by report: "
           + ", ".join(f"{k} {np.mean(v):.3f} (n={len(v)})" for k, v in sorted(by_reason.items())))
+    print(f"{tag} valid - invalid {gv:+.3f} [{gv_lo:+.3f},{gv_hi:+.3f}]; among valid reports, Kendall tau-b of score "
+          f"vs q {tau.tau:+.3f} [{tau.lo:+.3f},{tau.hi:+.3f}] over {tau.groups} groups ({tau.few} with < 2 valid "
+          f"reports, {tau.tied} all tied)")
     valid_rate = np.mean([v for e in evals for v in e.evaluations_valid])
-    print(f"protocol={protocol} scoring_valid_rate={valid_rate:.3f} report_valid_rate={len(rows) / n_reports:.3f} "
+    print(f"protocol={protocol} rubric={rubric} readout={readout} scoring_valid_rate={valid_rate:.3f} "
+          f"report_valid_rate={len(rows) / n_reports:.3f} "
           f"incomplete_rate={np.mean([not e.complete for e in evals]):.3f} "
           f"gap_valid={gv:+.3f} gap_valid_ci=[{gv_lo:+.3f},{gv_hi:+.3f}] "
-          f"gap_cited={gc:+.3f} gap_cited_ci=[{gc_lo:+.3f},{gc_hi:+.3f}]")
+          f"gap_cited={gc:+.3f} gap_cited_ci=[{gc_lo:+.3f},{gc_hi:+.3f}] "
+          f"tau_valid={tau.tau:+.3f} tau_valid_ci=[{tau.lo:+.3f},{tau.hi:+.3f}] tau_groups={tau.groups} "
+          f"tau_excluded={tau.excluded}")
 
 
 if __name__ == "__main__":

@@ -145,19 +145,24 @@ def test_free_text_caps_come_from_the_config_and_are_validated(tokenizer):
 
 
 def test_probe_scoring_script_reports_validity_and_separation(cache_dir):
-    """``scripts/probe_scoring.py`` (the BENCHMARKS figures on whether scores carry signal) on two groups."""
+    """``scripts/probe_scoring.py`` (the BENCHMARKS figures on whether scores carry signal) on two groups: each
+    protocol scores the same reports under the sampled and the fallback rubric, each read both ways."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    proc = subprocess.run([sys.executable, "scripts/probe_scoring.py", "--groups", "2", "--demos", "2",
-                           "--scoring", "joint,pointwise", f"paths.cache_dir={cache_dir}"],
+    proc = subprocess.run([sys.executable, "scripts/probe_scoring.py", "--groups", "2", "--demos", "2", "--scoring",
+                           "joint,pointwise", "--readout", "sampled,expected", f"paths.cache_dir={cache_dir}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [dict(kv.split("=", 1) for kv in line.split()) for line in proc.stdout.splitlines()
              if line.startswith("protocol=")]
-    assert [d["protocol"] for d in lines] == ["joint", "pointwise"]  # the same groups scored under each protocol
+    assert [(d["protocol"], d["rubric"], d["readout"]) for d in lines] == [
+        (p, r, o) for p in ("joint", "pointwise") for r in ("sampled", "fallback") for o in ("sampled", "expected")]
     for last in lines:
-        assert set(last) == {"protocol", "scoring_valid_rate", "report_valid_rate", "incomplete_rate", "gap_valid",
-                             "gap_valid_ci", "gap_cited", "gap_cited_ci"}
+        assert set(last) == {"protocol", "rubric", "readout", "scoring_valid_rate", "report_valid_rate",
+                             "incomplete_rate", "gap_valid", "gap_valid_ci", "gap_cited", "gap_cited_ci", "tau_valid",
+                             "tau_valid_ci", "tau_groups", "tau_excluded"}
         assert float(last["scoring_valid_rate"]) == 1.0 and float(last["report_valid_rate"]) == 1.0  # constrained
+        assert int(last["tau_groups"]) + int(last["tau_excluded"]) == 2  # every group is averaged or counted out
+    assert sum("Kendall tau-b of score vs q" in line for line in proc.stdout.splitlines()) == 8
     fits = [line for line in proc.stdout.splitlines() if line.startswith("demo fit ")]
     assert fits and all("value target" in line and "verification start greedy-correct" in line for line in fits)
 

@@ -245,7 +245,8 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, LightningModule):
             trajs = scoring_rollouts(self.evaluator_engine, self.tokenizer, self.retriever, prompts, groups,
                                      [rubric] * len(prompts), self.harness_state, self.rollout_settings)
             evals = group_evaluations(trajs, [rubric] * len(prompts), 2, self.rollout_settings.scoring_protocol,
-                                      self.harness_state.process_constraints, self.tokenizer)
+                                      self.harness_state.process_constraints, self.tokenizer,
+                                      self.rollout_settings.score_readout)
             return [g.parse.score_matrix(rubric, 2) for g in evals]
 
         return lambda: self.preference.reward(self.score_step, ro.rubrics.first, score_pairs, self.evaluator_engine)

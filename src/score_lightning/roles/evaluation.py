@@ -19,12 +19,16 @@ Rules, chosen so that a truncated or sloppy output is never rewarded as if it we
   out-of-range or repeated value invalidates the report; dimensions not in the rubric are ignored;
 * ``<verification>`` / ``<gap_analysis>`` count as present when closed and non-empty.
 
+With ``evaluator.score_readout=expected`` the written values are replaced by the expected values read
+while they were written (:func:`with_values`) before this parse, so both readouts share every rule above.
+
 Parsing never raises; problems are reported in ``error`` (the first problem found).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from score_lightning.protocol import (
@@ -38,7 +42,7 @@ from score_lightning.protocol import (
     VERIFICATION_CLOSE,
     VERIFICATION_OPEN,
 )
-from score_lightning.roles.rubric import ATTR_PATTERN, Rubric, parse_attributes, parse_number
+from score_lightning.roles.rubric import ATTR_PATTERN, ATTR_RE, Rubric, parse_attributes, parse_number
 
 _REPORT_OPEN_RE = re.compile(rf"<report((?:\s+{ATTR_PATTERN})*)\s*>")
 _SCORE_RE = re.compile(rf"<score((?:\s+{ATTR_PATTERN})*)\s*/?>")
@@ -86,6 +90,29 @@ class EvaluationParse:
             rep = self.reports.get(rid)
             rows.append([rep.scores.get(d, 0.0) if rep is not None else 0.0 for d in rubric.dims])
         return rows
+
+
+def with_values(text: str, values: Sequence[float]) -> str:
+    """``text`` with the value of its i-th ``<score>`` tag replaced by ``values[i]`` (exactly: ``repr`` of the float).
+
+    ``evaluator.score_readout=expected``: ``values`` are the expected values the decoder read at each score
+    value, in the order written; under the scoring grammar no other text holds a ``<score`` tag. More values
+    than tags: the last belong to a tag the turn was cut inside. Fewer: ``ValueError`` (the readout missed one).
+    """
+    tags = list(_SCORE_RE.finditer(text))
+    if len(tags) > len(values):
+        raise ValueError(f"evaluator.score_readout=expected: {len(tags)} <score> tags but {len(values)} expected "
+                         "values were read (a tokenizer that merges the value with the text before it is not "
+                         "supported: rollout/value_readout.py)")
+    out, pos = [], 0
+    for m, value in zip(tags, values):
+        attr = next((a for a in ATTR_RE.finditer(m.group(1)) if a.group(1) == "value"), None)
+        if attr is None:  # a tag without a value keeps it missing
+            continue
+        start, end = m.start(1) + attr.start(), m.start(1) + attr.end()
+        out += [text[pos:start], f'value="{float(value)!r}"']
+        pos = end
+    return "".join(out) + text[pos:]
 
 
 def _section(body: str, open_tag: str, close_tag: str) -> str | None:

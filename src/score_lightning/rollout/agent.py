@@ -45,6 +45,9 @@ class AgentConfig:
     #: verl counts it). False: it bounds the model's own tokens only and observations come on top, each
     #: cut to ``max_observation_tokens`` (scoring: searches must not eat the room to score every report)
     observations_in_budget: bool = True
+    #: constrained turns also return the expected value of each score value (``evaluator.score_readout=expected``),
+    #: kept in ``Trajectory.value_readouts``
+    value_readout: bool = False
 
 
 class TurnConstraint(Protocol):
@@ -157,6 +160,7 @@ def run_agent(
             params = SamplingParams(
                 max_new_tokens=budget, temperature=cfg.temperature, top_p=cfg.top_p,
                 stop_token_ids=stops.token_ids, stop_strings=stops.strings, grammars=grammars,
+                value_readout=cfg.value_readout and any(g is not None for g in grammars),
             )
             gens = engine.generate([trajs[i].prompt_ids + trajs[i].response_ids for i in group], params)
             for i, gen in zip(group, gens):
@@ -164,6 +168,8 @@ def run_agent(
                 room = _room(t, cfg)
                 ids = gen.token_ids[:room]
                 lps = gen.logprobs[:room] if gen.logprobs is not None else None
+                t.value_readouts.extend((len(t.response_ids) + k, v) for k, v in gen.extra.get("value_readouts", ())
+                                        if k < len(ids))
                 t.append(ids, 1, lps)
                 ended = None if len(ids) < len(gen.token_ids) else _turn_end(ids, tokenizer, stops)
                 if ended is None:  # cut by the budget, or stopped for no reason we know: treat as cut

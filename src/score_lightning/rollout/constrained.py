@@ -221,11 +221,15 @@ def allowed_tokens(matchers: Sequence[Any], vocab: int) -> torch.Tensor:
     return _unpack(bitmask, vocab)
 
 
-def mask_disallowed(scores: torch.Tensor, matchers: Sequence[Any], rows: Sequence[int]) -> torch.Tensor:
-    """``scores [B, V]`` with -inf on every token row ``i`` (of ``rows``) may not write next (in place)."""
+def mask_disallowed(scores: torch.Tensor, matchers: Sequence[Any], rows: Sequence[int],
+                    allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """``scores [B, V]`` with -inf on every token row ``i`` (of ``rows``) may not write next (in place).
+    ``allowed``: the rows' :func:`allowed_tokens`, when the caller already has them."""
     if not rows:
         return scores
-    allowed = allowed_tokens([matchers[i] for i in rows], scores.shape[-1]).to(scores.device)
+    if allowed is None:
+        allowed = allowed_tokens([matchers[i] for i in rows], scores.shape[-1])
+    allowed = allowed.to(scores.device)
     idx = torch.tensor(list(rows), device=scores.device)
     scores[idx] = scores[idx].masked_fill(~allowed, float("-inf"))
     return scores

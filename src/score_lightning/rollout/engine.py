@@ -28,6 +28,11 @@ class SamplingParams:
     #: none; the evaluator's constrained scoring (:mod:`score_lightning.rollout.constrained`). Logprobs stay
     #: those of the unconstrained distribution (scoring tokens are never trained).
     grammars: tuple[str | None, ...] = ()
+    #: with ``grammars``: also return the expected value of every score value the grammar makes a row write
+    #: (``evaluator.score_readout=expected``; ``Generation.extra["value_readouts"]``,
+    #: :mod:`score_lightning.rollout.value_readout`). Only the HF engine's fast-forward decoder reads it; the
+    #: other engines refuse it
+    value_readout: bool = False
 
 
 @dataclass

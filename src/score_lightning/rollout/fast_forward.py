@@ -35,6 +35,7 @@ from transformers import TopPLogitsWarper
 from score_lightning.rollout.constrained import allowed_tokens, grammar_matchers, mask_disallowed
 from score_lightning.rollout.kv_cache import GrowingCache, GrowingLayer
 from score_lightning.rollout.stops import completes_stop, stop_window
+from score_lightning.rollout.value_readout import ValueReadout, read_values
 
 
 @dataclass
@@ -49,6 +50,7 @@ class _Row:
     done: bool = False  # nothing more to sample
     closing: bool = False  # finished inside a forced run: feeding the rest of it gives the run's log-probs
     last: int = 0  # the column of the row's last fed token in the latest forward
+    readouts: list[tuple[int, float]] = field(default_factory=list)  # (index in tokens, E[value]) per score value
 
 
 @dataclass
@@ -60,20 +62,23 @@ class Decoded:
     forwards: int
     cache_tokens: torch.Tensor  # [N, F] the ids whose keys and values the compacted cache holds, left-padded
     cache_mask: torch.Tensor  # [N, F] 1 on those columns
+    readouts: list[list[tuple[int, float]]] | None = None  # per row: (token index, expected value) of each score value
 
 
 @torch.no_grad()
 def grammar_decode(model: nn.Module, input_ids: torch.Tensor, attention: torch.Tensor, cache: GrowingCache,
                    grammars: Sequence[str | None], tokenizer, *, max_new_tokens: int, temperature: float, top_p: float,
                    stop_ids: Sequence[int], stop_strings: Sequence[str], eos_ids: Sequence[int], pad_id: int,
-                   want_logprobs: bool, max_forward_tokens: int = 16) -> Decoded:
+                   want_logprobs: bool, max_forward_tokens: int = 16, readout: ValueReadout | None = None) -> Decoded:
     """Decode left-padded ``input_ids [N, W]`` whose ``cache`` holds every column but the last (``kv_cache.prefill``).
 
     ``grammars``: one Lark grammar per row (``None``: free). A row stops on a token in ``stop_ids`` (kept),
     on the token completing a stop string, or after ``max_new_tokens``; the caller cuts the turn
     (``stops.first_stop``) as after ``generate``. On return ``cache`` is compacted (see the module docstring).
     ``max_forward_tokens``: the most token columns x live rows one forward takes
-    (``rollout.grammar_fast_forward_tokens``).
+    (``rollout.grammar_fast_forward_tokens``). ``readout``: also read each score value's expected value from the
+    model's distribution at its first token (``evaluator.score_readout=expected``, :mod:`~.value_readout`); an
+    ambiguous first token (``1`` of 1 or 10) costs one extra forward, whose column no later token attends to.
     """
     n, width = input_ids.shape
     device = input_ids.device
@@ -86,6 +91,21 @@ def grammar_decode(model: nn.Module, input_ids: torch.Tensor, attention: torch.T
     top_p_warp = TopPLogitsWarper(top_p) if sample and top_p < 1.0 else None
     fed_ids, fed_mask = [input_ids[:, :width - 1]], [attention[:, :width - 1].long()]
     forwards = 0
+
+    def branch(tokens: dict[int, int]) -> dict[int, torch.Tensor]:
+        """Raw logits after feeding ``tokens[row]`` at each row's next position, in a column masked out afterwards."""
+        nonlocal forwards
+        ids = torch.full((n, 1), pad_id, dtype=torch.long)
+        mask = torch.zeros((n, 1), dtype=torch.long)
+        pos = torch.zeros((n, 1), dtype=torch.long)
+        for i, t in tokens.items():
+            ids[i, 0], mask[i, 0], pos[i, 0] = t, 1, rows[i].position
+        out = model(input_ids=ids.to(device), attention_mask=torch.cat(fed_mask + [mask], dim=1).to(device),
+                    position_ids=pos.to(device), past_key_values=cache, use_cache=True).logits.float()
+        forwards += 1
+        fed_ids.append(ids)
+        fed_mask.append(torch.zeros_like(mask))  # the branch never happened for every later token (and compact)
+        return {i: out[i, 0] for i in tokens}
 
     def add(row: _Row, token: int) -> bool:
         """Append a generated token; True when it ends the row."""
@@ -113,6 +133,7 @@ def grammar_decode(model: nn.Module, input_ids: torch.Tensor, attention: torch.T
         logits = model(input_ids=ids.to(device), attention_mask=full_mask, position_ids=pos.to(device),
                        past_key_values=cache, use_cache=True).logits.float()
         forwards += 1
+        model_logits = logits if readout is not None else None  # the readout reads the model's own T = 1 distribution
         if sample and temperature != 1.0:
             logits = logits / temperature
         nxt = []  # rows that sample a token from this forward's last real position
@@ -139,7 +160,14 @@ def grammar_decode(model: nn.Module, input_ids: torch.Tensor, attention: torch.T
         scores = torch.stack([logits[i, rows[i].last] for i in nxt])
         raw = torch.log_softmax(scores, dim=-1) if want_logprobs else None
         held = [rows[i].matcher for i in nxt]  # a finished grammar allows only EOS; an errored matcher is left free
-        scores = mask_disallowed(scores, held, [j for j, m in enumerate(held) if m is not None and not m.is_error()])
+        masked = [j for j, m in enumerate(held) if m is not None and not m.is_error()]
+        allowed = allowed_tokens([held[j] for j in masked], vocab).to(scores.device) if masked else None
+        if readout is not None and masked:
+            at = [(nxt[j], held[j], model_logits[nxt[j], rows[nxt[j]].last], allowed[a]) for a, j in enumerate(masked)
+                  if readout.is_value_position(allowed[a])]
+            for i, value in read_values(readout, at, branch).items():
+                rows[i].readouts.append((len(rows[i].tokens), value))  # the index its first token gets below
+        scores = mask_disallowed(scores, held, masked, allowed)
         if sample:
             if top_p_warp is not None:
                 scores = top_p_warp(None, scores)
@@ -161,7 +189,7 @@ def grammar_decode(model: nn.Module, input_ids: torch.Tensor, attention: torch.T
     compact(cache, torch.cat(fed_mask, dim=1))
     tokens_c, mask_c = _compact_ids(torch.cat(fed_ids, dim=1), torch.cat(fed_mask, dim=1))
     return Decoded([r.tokens for r in rows], [r.logprobs for r in rows] if want_logprobs else None, forwards,
-                   tokens_c, mask_c)
+                   tokens_c, mask_c, [r.readouts for r in rows] if readout is not None else None)
 
 
 def _fast_forward(row: _Row, add: Callable[[_Row, int], bool], vocab: int) -> bool:

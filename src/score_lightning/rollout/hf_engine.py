@@ -118,8 +118,13 @@ class HFEngine:
             attention[i, width - len(p):] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
         eos = sorted({*self.eos_token_ids, *params.stop_token_ids})
-        if self.fast_forward and width >= 2 and any(g is not None for g in params.grammars):
+        constrained = any(g is not None for g in params.grammars)
+        if self.fast_forward and width >= 2 and constrained:
             return self._decode_constrained(model, input_ids, attention, params, eos)
+        if params.value_readout and constrained:
+            raise ValueError("evaluator.score_readout=expected: the expected values are read by the grammar "
+                             "fast-forward decoder, which this engine does not run (rollout.grammar_fast_forward="
+                             f"{self.fast_forward}, sharded module: {self.collective}); use score_readout=sampled")
         sample = params.temperature > 0
         kwargs = dict(
             input_ids=input_ids, attention_mask=attention, max_new_tokens=params.max_new_tokens,
@@ -166,15 +171,19 @@ class HFEngine:
         return self._cut(new.tolist(), lp.tolist() if lp is not None else None, eos, params.stop_strings)
 
     def _cut(self, rows: list[list[int]], logprobs: list[list[float]] | None, eos: Sequence[int],
-             stop_strings: Sequence[str]) -> list[Generation]:
-        """Each row's turn up to and including its stop (``stops.first_stop``), with its log-probs."""
+             stop_strings: Sequence[str], readouts: list[list[tuple[int, float]]] | None = None) -> list[Generation]:
+        """Each row's turn up to and including its stop (``stops.first_stop``), with its log-probs (and the
+        expected score values read inside it: ``extra["value_readouts"]``, ``(token index, value)``)."""
         decode = self.tokenizer.decode if self.tokenizer is not None else None
         gens = []
         for i, row in enumerate(rows):
             n = first_stop(row, decode, eos, stop_strings)
             ids = row if n is None else row[:n]
-            gens.append(Generation(ids, logprobs[i][:len(ids)] if logprobs is not None else None,
-                                   "length" if n is None else "stop"))
+            gen = Generation(ids, logprobs[i][:len(ids)] if logprobs is not None else None,
+                             "length" if n is None else "stop")
+            if readouts is not None:
+                gen.extra["value_readouts"] = [(k, v) for k, v in readouts[i] if k < len(ids)]
+            gens.append(gen)
         return gens
 
     def _decode_constrained(self, model: nn.Module, input_ids: torch.Tensor, attention: torch.Tensor,
@@ -182,8 +191,11 @@ class HFEngine:
         """A constrained call by :func:`~score_lightning.rollout.fast_forward.grammar_decode` (forced runs in one
         forward); the same prefill, prefix store and turn cut as ``generate``."""
         from score_lightning.rollout.fast_forward import grammar_decode
+        from score_lightning.rollout.value_readout import value_readout
 
         width = input_ids.shape[1]
+        vocab = int(model.get_output_embeddings().weight.shape[0])
+        readout = value_readout(self.tokenizer, vocab) if params.value_readout else None
         was_training = model.training
         model.eval()
         cache = GrowingCache(width + params.max_new_tokens)
@@ -195,11 +207,11 @@ class HFEngine:
                                  top_p=params.top_p,
                                  stop_ids=eos, stop_strings=params.stop_strings, eos_ids=self.eos_token_ids,
                                  pad_id=self.pad_token_id, want_logprobs=params.logprobs,
-                                 max_forward_tokens=self.fast_forward_tokens)
+                                 max_forward_tokens=self.fast_forward_tokens, readout=readout)
         finally:
             model.train(was_training)
         self.prefix_store.add(cache, out.cache_tokens, out.cache_mask)
-        return self._cut(out.tokens, out.logprobs, eos, params.stop_strings)
+        return self._cut(out.tokens, out.logprobs, eos, params.stop_strings, out.readouts)
 
 
 class _StopStrings(StoppingCriteria):

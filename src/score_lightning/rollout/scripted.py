@@ -81,6 +81,8 @@ class ScriptedEngine:
         return None
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        if params.value_readout:  # a script writes its values: there is no distribution to read them from
+            raise ValueError("evaluator.score_readout=expected needs the HF engine, not rollout=scripted")
         self._calls += 1
         served: set[int] = set()
         fresh: dict[tuple[int, ...], int] = {}

@@ -64,6 +64,9 @@ class Trajectory:
     report: str | None = None
     #: MaMs: the document ids each search step retrieved, aligned with ``search_queries``
     step_doc_ids: list[list[str]] = field(default_factory=list)
+    #: ``evaluator.score_readout=expected``: (index in ``response_ids``, expected value 0..10) of each score value
+    #: it wrote, in order (:mod:`~score_lightning.rollout.value_readout`)
+    value_readouts: list[tuple[int, float]] = field(default_factory=list)
 
     def append(self, ids: list[int], mask_value: int, logprobs: list[float] | None = None) -> None:
         self.response_ids.extend(ids)

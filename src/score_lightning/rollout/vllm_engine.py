@@ -174,6 +174,8 @@ class VLLMEngine:
         requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
         if params.grammars and len(params.grammars) != len(prompts):
             raise ValueError(f"{len(params.grammars)} grammars for {len(prompts)} prompts")
+        if params.value_readout:  # its logprobs are the top-k of the sampled tokens, not the mask's digit distribution
+            raise ValueError("evaluator.score_readout=expected needs the HF engine's fast-forward decoder, not vLLM")
         grammars = params.grammars or (None,) * len(prompts)
         vparams = [self._vllm_params(params, len(p), s, g) for p, s, g in zip(prompts, seeds, grammars)]
         outputs = self.llm.generate(requests, vparams, use_tqdm=False)

@@ -105,7 +105,7 @@ def probe_policy(model, tokenizer, retriever, cfg: DictConfig, n_rubric: int, n_
                 strajs = scoring_rollouts(engine, tokenizer, retriever, group_queries[:n_sc], reports, [rubric] * n_sc,
                                           state, settings, sources)
                 evs = group_evaluations(strajs, [rubric] * n_sc, K, settings.scoring_protocol, state.process_constraints,
-                                        tokenizer)
+                                        tokenizer, settings.score_readout)
                 out["probe/scoring_valid_rate"] = float(np.mean([v for e in evs for v in e.evaluations_valid]))
                 out["probe/scoring_reports_parsed"] = float(np.mean([len(e.parse.reports) / K for e in evs]))
                 out["probe/scoring_tool_calls_mean"] = float(np.mean([len(t.search_queries) for t in strajs]))

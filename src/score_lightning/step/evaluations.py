@@ -12,6 +12,10 @@ report's block, says nothing about the reports it did not reach. Each report rec
 evaluation judged it (``judged``: under ``joint`` the group's one evaluation, under ``pointwise`` the
 report's own); what an unjudged report's reward becomes is ``evaluator.on_incomplete``
 (``step/reward_assembly.py``). ``evaluator/incomplete_rate`` counts groups with an incomplete evaluation.
+
+**Readout** (``evaluator.score_readout``): ``sampled`` reads each score as the value the evaluator wrote;
+``expected`` as the expected value the decoder read at that value (``Trajectory.value_readouts``,
+:mod:`~score_lightning.rollout.value_readout`), in either protocol, through the same parse.
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from score_lightning.harness.state import ProcessConstraints
-from score_lightning.roles.evaluation import EvaluationParse, parse_evaluation
+from score_lightning.roles.evaluation import EvaluationParse, parse_evaluation, with_values
 from score_lightning.roles.rubric import Rubric
 from score_lightning.rollout.trajectory import Trajectory
 
 PROTOCOLS = ("joint", "pointwise")
+READOUTS = ("sampled", "expected")
 
 
 @dataclass(frozen=True)
@@ -58,8 +63,12 @@ def meets_process_rules(ev: EvaluationParse, num_reports: int, pc: ProcessConstr
     return True
 
 
-def _parse(traj: Trajectory, rubric: Rubric, num_reports: int, pc: ProcessConstraints, tokenizer) -> EvaluationParse:
-    return parse_evaluation(traj.model_text(tokenizer), rubric, num_reports, require_verification=pc.require_verification,
+def _parse(traj: Trajectory, rubric: Rubric, num_reports: int, pc: ProcessConstraints, tokenizer,
+           readout: str = "sampled") -> EvaluationParse:
+    text = traj.model_text(tokenizer)
+    if readout == "expected":
+        text = with_values(text, [v for _, v in traj.value_readouts])
+    return parse_evaluation(text, rubric, num_reports, require_verification=pc.require_verification,
                             require_gap_analysis=pc.require_gap_analysis)
 
 
@@ -68,11 +77,14 @@ def _complete(ev: EvaluationParse, traj: Trajectory, num_reports: int) -> bool:
 
 
 def group_evaluations(scoring: Sequence[Trajectory], rubrics: Sequence[Rubric], num_reports: int, protocol: str,
-                      pc: ProcessConstraints, tokenizer) -> list[GroupEvaluation]:
-    """One record per query from ``scoring`` (joint: one trajectory per query; pointwise: K per query, query-major)."""
+                      pc: ProcessConstraints, tokenizer, readout: str = "sampled") -> list[GroupEvaluation]:
+    """One record per query from ``scoring`` (joint: one trajectory per query; pointwise: K per query, query-major),
+    its scores read as ``readout`` says (``expected``: the trajectories must carry their value readouts)."""
     K = num_reports
     if protocol not in PROTOCOLS:
         raise ValueError(f"evaluator.scoring={protocol!r}: allowed {PROTOCOLS}")
+    if readout not in READOUTS:
+        raise ValueError(f"evaluator.score_readout={readout!r}: allowed {READOUTS}")
     per_query = 1 if protocol == "joint" else K
     if len(scoring) != per_query * len(rubrics):
         raise ValueError(f"{protocol} scoring: expected {per_query * len(rubrics)} evaluations for {len(rubrics)} "
@@ -81,13 +93,13 @@ def group_evaluations(scoring: Sequence[Trajectory], rubrics: Sequence[Rubric], 
     for i, rubric in enumerate(rubrics):
         trajs = scoring[i * per_query:(i + 1) * per_query]
         if protocol == "joint":
-            ev = _parse(trajs[0], rubric, K, pc, tokenizer)
+            ev = _parse(trajs[0], rubric, K, pc, tokenizer, readout)
             ok = meets_process_rules(ev, K, pc)
             done = _complete(ev, trajs[0], K)
             out.append(GroupEvaluation(ev, (len(trajs[0].search_queries),) * K, (ok,) * K, (ev.valid,), done,
                                        (done,) * K))
             continue
-        evs = [_parse(t, rubric, 1, pc, tokenizer) for t in trajs]
+        evs = [_parse(t, rubric, 1, pc, tokenizer, readout) for t in trajs]
         reports = {k: replace(ev.reports[1], report_id=k) for k, ev in enumerate(evs, 1) if 1 in ev.reports}
         merged = EvaluationParse(reports, valid=all(ev.valid for ev in evs),
                                  error=next((f"report {k}: {ev.error}" for k, ev in enumerate(evs, 1) if ev.error), ""),

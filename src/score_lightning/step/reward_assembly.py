@@ -67,6 +67,7 @@ class RewardSettings:
     on_incomplete: str = "validity"  # evaluator.on_incomplete: validity | drop | neutral
     source: str = "evaluator"  # reward.source: evaluator | rule (step/rule_rewards.py)
     rule_quality: str = "retrieved_cited"  # reward.rule_quality: q(r) of the rule reward
+    score_readout: str = "sampled"  # evaluator.score_readout: sampled | expected (how the scores are read)
 
     @classmethod
     def from_cfg(cls, cfg) -> "RewardSettings":
@@ -75,7 +76,8 @@ class RewardSettings:
                    str(cfg.reward.get("citations", "any")), str(cfg.evaluator.get("scoring", "joint")),
                    bool(cfg.verifier.get("tau_from_harness", False)),
                    str(cfg.evaluator.get("on_incomplete", "validity")), str(cfg.reward.get("source", "evaluator")),
-                   str(cfg.reward.get("rule_quality", "retrieved_cited")))
+                   str(cfg.reward.get("rule_quality", "retrieved_cited")),
+                   str(cfg.evaluator.get("score_readout", "sampled")))
 
 
 @dataclass
@@ -153,7 +155,8 @@ def assemble_rewards(
     num_reports: int, settings: RewardSettings, tokenizer,
 ) -> StepRewards:
     """Parse each query's evaluation(s) under that query's rubric and combine validity, scores, gates and the verifier."""
-    groups = group_evaluations(scoring, rubrics, num_reports, settings.scoring, state.process_constraints, tokenizer)
+    groups = group_evaluations(scoring, rubrics, num_reports, settings.scoring, state.process_constraints, tokenizer,
+                               settings.score_readout)
     tau = effective_tau(settings.min_search_depth, state, settings.tau_from_harness)
     return rewards_from_evaluations(answers, groups, rubrics, num_reports, tau, settings)
 

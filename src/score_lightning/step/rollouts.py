@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from score_lightning import protocol as P
 from score_lightning.harness.state import HarnessState
@@ -45,6 +45,7 @@ class RolloutSettings:
     scoring_protocol: str = "joint"  # evaluator.scoring: joint (one evaluation of all K) | pointwise (one per report)
     show_retrieved: bool = False  # evaluator.show_retrieved: each report shown with the ids its searches returned
     scoring_max_prompt_tokens: int | None = None  # evaluator.max_prompt_tokens (None: max_prompt_tokens)
+    score_readout: str = "sampled"  # evaluator.score_readout: sampled (the written value) | expected (E[value])
 
     @classmethod
     def from_cfg(cls, cfg) -> "RolloutSettings":
@@ -65,7 +66,7 @@ class RolloutSettings:
                    bool(s.get("conclusion_line", True)), agent, MamsConfig.from_cfg(cfg) if agent == "mams" else None,
                    bool(e.get("constrained_scoring", False)), constrained_max_chars(cfg),
                    str(e.get("scoring", "joint")), bool(e.get("show_retrieved", False)),
-                   int(e.get("max_prompt_tokens", s.max_prompt_tokens)))
+                   int(e.get("max_prompt_tokens", s.max_prompt_tokens)), str(e.get("score_readout", "sampled")))
 
 
 def constrained_max_chars(cfg) -> dict[str, int] | None:
@@ -122,6 +123,7 @@ def scoring_rollouts(engine: RolloutEngine, tokenizer, retriever: Retriever, que
     report (query-major), each prompt holding the query, the rubric and that report; all of them run as
     one batch. ``sources`` (per query, per report: the ids its searches returned) is shown when
     ``evaluator.show_retrieved`` is on. :func:`~score_lightning.step.evaluations.group_evaluations` reads either back.
+    With ``evaluator.score_readout=expected`` the engine also reads each score's expected value (``value_readouts``).
     """
     prompts, constraints = [], []
     pc = state.process_constraints
@@ -140,5 +142,6 @@ def scoring_rollouts(engine: RolloutEngine, tokenizer, retriever: Retriever, que
             if settings.constrained_scoring:
                 constraints.append(ScoringConstraint(rubric.dims, len(shown_reports), pc.require_verification,
                                                      pc.require_gap_analysis, added, settings.constrained_max_chars))
-    return run_agent(engine, tokenizer, prompts, retriever, settings.scoring,
+    agent = replace(settings.scoring, value_readout=settings.score_readout == "expected")
+    return run_agent(engine, tokenizer, prompts, retriever, agent,
                      constraints=constraints if settings.constrained_scoring else None)

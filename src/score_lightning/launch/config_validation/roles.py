@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from score_lightning.launch.config_validation.topology import data_parallel_size
 from score_lightning.launch.config_validation.values import BOOL, Checks, integer, number, one_of
 
 
@@ -59,6 +60,7 @@ def check_evaluator(c: Checks) -> None:
       "'validity' (an unjudged report's reward is a(r)), 'drop' (it leaves the update) or 'neutral' (its group gets "
       "advantage 0)")
     c("evaluator.show_retrieved", *BOOL)
+    check_score_readout(c)
     for field in (c.get("evaluator.constrained_max_chars") or {}):
         if field not in ("think", "query", "section", "reason"):
             c.add(f"evaluator.constrained_max_chars.{field}: unknown field (think, query, section, reason)")
@@ -76,6 +78,30 @@ def check_evaluator(c: Checks) -> None:
         c("evaluator.rubric_weight_sum_tol", number(0.0, 1.0), "null (weights normalised, sum not checked) or a "
           "number in [0, 1]")
     check_lengths(c)
+
+
+def check_score_readout(c: Checks) -> None:
+    """``evaluator.score_readout``: ``expected`` only where a decoder reads the value distribution (the HF engine's
+    grammar fast-forward, on a module that is not sharded), i.e. under constrained scoring."""
+    c("evaluator.score_readout", one_of("sampled", "expected"),
+      "'sampled' (the value the evaluator wrote) or 'expected' (its expected value over 0..10)")
+    if c.get("evaluator.score_readout") != "expected":
+        return
+    why = []
+    if c.get("evaluator.constrained_scoring") is not True:
+        why.append("evaluator.constrained_scoring=true (the grammar marks where a value starts)")
+    engine = c.get("rollout.engine")
+    if engine == "scripted":
+        why.append("an HF engine, not rollout=scripted (a script writes its values)")
+    if engine == "vllm" and c.get("actor.shared") is not False:
+        why.append("an HF scoring engine, not vLLM (its logprobs are the sampled tokens' top-k, not the masked "
+                   "value distribution; actor.shared=false scores on HF)")
+    if engine == "hf" and c.get("rollout.grammar_fast_forward") is False:
+        why.append("rollout.grammar_fast_forward=true (the fast-forward decoder reads the distribution)")
+    if c.get("strategy.name") == "fsdp" and data_parallel_size(c.cfg) > 1:
+        why.append("an unsharded evaluator: on a sharded module the HF engine decodes without the fast-forward")
+    if why:
+        c.add("evaluator.score_readout=expected needs " + "; ".join(why) + "; or use evaluator.score_readout=sampled")
 
 
 def check_reward(c: Checks) -> None:
