@@ -1,50 +1,55 @@
 #!/usr/bin/env python
-"""Learning evidence on the embedded default: conditions x fresh seeds, held-out report cards, CIs.
+"""Learning evidence on the embedded default: conditions x seeds, held-out sampled grounded validity, CIs.
 
-    python scripts/bench_learning.py                                  # the default study (see below)
-    python scripts/bench_learning.py --conditions score,grpo_baseline --seeds 11 12 --steps 40
-    python scripts/bench_learning.py --modes score,evolving,given,grpo_baseline   # rubric methods
-    python scripts/bench_learning.py --only score:11 --out /shared/bench --no-append  # one cell (a machine)
-    python scripts/bench_learning.py --merge /shared/bench --out logs/bench_learning   # table from many cells
-    python scripts/bench_learning.py --figure docs/learning_study.png     # also draw the curves and the card's changes
+    python scripts/bench_learning.py --conditions frozen_solver,rule,grpo_baseline,score --seeds 31 32 33 34 35 \\
+        --steps 160                                                   # the study (docs/BENCHMARKS.md)
+    python scripts/bench_learning.py --only score:0 --tag lr2e-4 --set optim.lr=2e-4 --horizons 80,160,240 \\
+        --steps 240 --out logs/tuning --threads 1                     # one tuning cell (run two at a time)
+    python scripts/bench_learning.py --merge logs/tuning --tag lr2e-4 --conditions score --seeds 0 1 --steps 240 \\
+        --horizons 80,160,240 --no-append                             # its table, from the cells on disk
 
-Each (condition, seed) trains ``trainer.max_steps`` SCORE steps from the shared, cached cold start,
-then ``scripts/evaluate.py`` rolls its final export out (greedy) on the 20 held-out embedded queries,
-which no training batch, cold-start demonstration or tokenizer text contains, and scores them with
-the programmatic report card (citation precision, coverage of the query's top BM25 passages,
-answer validity, length). The cold-start model gets the same card once: learning is measured as the
-change over it (generated under the runs' own solver budgets, read from their
-exports). Reported per condition: mean and 95% t-interval over seeds of the training reward
-and its two parts (last 20% of steps minus first 20%), and of each held-out metric's change; and the
-paired (same seed) difference of each condition against SCORE. The table is appended to
-``docs/BENCHMARKS.md`` with the exact command. ``--tuning-seeds`` (the seeds the settings were tuned
-on) are run and reported in a separate table, never pooled with the fresh seeds.
+Each (condition, seed) trains from the shared, cached cold start to each horizon in turn (resuming its own
+run folder), and every horizon's export is rolled out by ``scripts/evaluate.py`` on the 20 held-out
+embedded queries (which no training batch, cold-start demonstration or tokenizer text contains),
+``--samples`` times per query at the run's own solver temperature, under the run's own prompt and budgets.
+The card's ``grounded_valid`` is the share of sampled answers valid under the reward's own a(r) rule
+(closed, cited, every citation retrieved). The cold-start model gets the same card once, under the same
+settings (the card comparison refuses any other); learning is the change over it.
+
+Reported per condition, mean and 95% t-interval over seeds: the change in held-out grounded validity at
+each horizon, the reward's least-squares slope over all steps (per 100 steps), and the paired (same seed)
+differences between conditions. The last lines are one per condition::
+
+    condition=NAME seeds=N heldout_valid_delta=+x heldout_valid_delta_ci=[lo,hi] reward_slope=+y reward_slope_ci=[lo,hi]
+
+``--tuning-seeds`` are run and reported apart, never pooled with the study's seeds.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import math
-import os
-import shlex
-import subprocess
 import sys
-import time
 from pathlib import Path
-from statistics import mean, stdev
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from study_cells import run_logged, train_horizons, training_summary  # noqa: E402
+from study_report import T975, ci95, fmt, report, summary_lines, write_section  # noqa: E402
 
 CONDITIONS: dict[str, list[str]] = {
     "score": ["experiment=tiny_score"],
     "grpo_baseline": ["experiment=grpo_baseline"],
+    "rule": ["experiment=rule_tiny"],
+    "frozen_solver": ["experiment=tiny_score", "solver.freeze=true", "actor.shared=false"],
     "no_harness": ["experiment=tiny_score", "harness.enabled=false"],
     "no_verifier": ["experiment=tiny_score", "verifier.enabled=false"],
-    "frozen_solver": ["experiment=tiny_score", "solver.freeze=true", "actor.shared=false"],
     "no_consistency": ["experiment=tiny_score", "evaluator.reward=solver_reward"],
+    # the paper's claim that a static reward is hacked where a co-evolving evaluator is not: any bracketed id counts
+    "score_any": ["experiment=tiny_score", "reward.citations=any"],
+    "grpo_any": ["experiment=grpo_baseline", "reward.citations=any"],
     # rubric methods and solver workflows (same budget, same logs)
     "evolving": ["experiment=rler_tiny"],
     "given": ["experiment=given_tiny"],
@@ -54,133 +59,77 @@ CONDITIONS: dict[str, list[str]] = {
     # a real pretrained model (SmolLM2-135M-Instruct) with its own cold start: its own table, never pooled
     "smol_score": ["experiment=smol_score"],
 }
-DEFAULT = "score,grpo_baseline,no_harness,no_verifier,frozen_solver"
-TRAIN_TAGS = ("solver/reward_mean", "solver/reward_validity_part", "solver/reward_score_part")
-CARD = ("citation_precision", "coverage", "validity", "length")
-#: this table's column names -> the card's metric names (the card's format rule is ``format_valid``)
-CARD_KEYS = {"validity": "format_valid"}
-#: two-sided 97.5% quantiles of Student's t by degrees of freedom (95% intervals over seeds)
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+DEFAULT = "frozen_solver,rule,grpo_baseline,score"
+CARD_KEYS = ("grounded_valid", "format_valid", "citation_precision", "coverage", "length")
 
 
-def ci95(values: list[float]) -> tuple[float, float, int]:
-    """Mean and half-width of the 95% t-interval (NaN half-width with fewer than 2 values)."""
-    vals = [v for v in values if v is not None and math.isfinite(v)]
-    if not vals:
-        return math.nan, math.nan, 0
-    if len(vals) < 2:
-        return vals[0], math.nan, 1
-    return mean(vals), T975.get(len(vals) - 1, 1.96) * stdev(vals) / math.sqrt(len(vals)), len(vals)
+def cell_dir(out: Path, cond: str, tag: str, seed: int) -> Path:
+    return out / (f"{cond}@{tag}" if tag else cond) / f"seed{seed}"
 
 
-def fmt(values: list[float], digits: int = 3) -> str:
-    m, h, n = ci95(values)
-    if n == 0:
-        return "n/a"
-    return f"{m:+.{digits}f}" + ("" if math.isnan(h) else f" ± {h:.{digits}f}")
+def heldout_card(model: Path, out: Path, samples: int, settings_of: Path | None = None,
+                 threads: int | None = None) -> dict:
+    """Sampled held-out card of ``model`` (cached in ``out``); ``settings_of``: a run export whose prompt, budgets,
+    temperature and reward rule the rollouts take (the cold start's card is made under a run's settings)."""
+    card = out / "heldout.card.json"
+    if not card.is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        arts = out / "heldout.jsonl"
+        flags = ["--run-config", str(settings_of / "run_config.json")] if settings_of is not None else []
+        run_logged([sys.executable, "scripts/evaluate.py", "--model", str(model), "--queries", "embedded", "--split",
+                    "heldout", "--out", str(arts), "--samples", str(samples), "--no-progress", *flags],
+                   out / "generate.log", threads)
+        run_logged([sys.executable, "scripts/evaluate.py", "card", "--articles", str(arts), "--out", str(card)],
+                   out / "card.log", threads)
+    return json.loads(card.read_text())
 
 
-def _scalars(run: Path) -> dict[str, list[float]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    out: dict[str, dict[int, float]] = {}
-    for events in sorted((run / "tensorboard").glob("events.out.tfevents.*")):
-        ea = EventAccumulator(str(events), size_guidance={"scalars": 0})
-        ea.Reload()
-        for tag in ea.Tags()["scalars"]:
-            out.setdefault(tag, {}).update({e.step: e.value for e in ea.Scalars(tag)})
-    return {tag: [v for _, v in sorted(s.items())] for tag, s in out.items()}
-
-
-def training_gains(run: Path) -> dict[str, float]:
-    """Last 20% of steps minus first 20%, for the reward and its two parts; first-step scoring validity;
-    the mean over steps of the evaluator's score gap between valid and invalid reports, and of the share of
-    otherwise valid reports that cite an id they never retrieved; the per-step curves (for the figure)."""
-    sc = _scalars(run)
-    out: dict = {"curves": {tag: sc.get(tag, []) for tag in TRAIN_TAGS}}
-    for tag in TRAIN_TAGS:
-        vals = sc.get(tag, [])
-        n = max(1, round(0.2 * len(vals)))
-        out[tag] = mean(vals[-n:]) - mean(vals[:n]) if vals else math.nan
-    out["first_scoring_valid_rate"] = sc.get("evaluator/scoring_valid_rate", [math.nan])[0]
-    gaps = [v for v in sc.get("evaluator/score_gap_valid_invalid", []) if math.isfinite(v)]
-    out["score_gap_mean"] = mean(gaps) if gaps else math.nan  # do the evaluator's scores follow validity?
-    ungrounded = [v for v in sc.get("solver/ungrounded_citation_rate", []) if math.isfinite(v)]
-    out["ungrounded_mean"] = mean(ungrounded) if ungrounded else math.nan
+def card_values(card: dict) -> dict:
+    """The card's means, and its per-query grounded validity (for paired, query-level comparisons)."""
+    s = card["summary"]
+    out = {k: s[k]["mean"] for k in CARD_KEYS if k in s}
+    out["per_query_grounded_valid"] = {str(r["id"]): r.get("grounded_valid") for r in card.get("per_query", [])}
+    out["settings"] = card.get("settings")
     return out
 
 
-def _run(cmd: list[str], log: Path) -> None:
-    t0 = time.time()
-    with open(log, "w") as fh:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ, HF_HUB_OFFLINE="1"))
-    if proc.returncode != 0:
-        raise SystemExit(f"failed ({proc.returncode}, {time.time() - t0:.0f}s): {shlex.join(cmd)}; log: {log}")
-
-
-def card_for(model: Path, out: Path, budgets_of: Path | None = None) -> dict:
-    """Generate on the held-out queries (greedy) and score them. A run's export brings its own settings
-    (``run_config.json``: budgets, prompt, reward rule); the cold-start model takes those of ``budgets_of``
-    (a run's export): every card in one table is generated under the same settings."""
-    from score_lightning.evaluation.card import load_card
-    from score_lightning.evaluation.settings import RUN_CONFIG
-
-    arts = out / "heldout.jsonl"
-    flags = ["--temperature", "0"]  # this table's protocol: greedy, one sample per query
-    if budgets_of is not None:
-        if not (budgets_of / RUN_CONFIG).is_file():
-            raise SystemExit(f"no run_config.json in {budgets_of}: cannot match the cold start's settings")
-        flags += ["--run-config", str(budgets_of / RUN_CONFIG)]
-    if not (out / "heldout.card.json").exists():
-        _run([sys.executable, "scripts/evaluate.py", "--model", str(model), "--queries", "embedded", "--split",
-              "heldout", "--out", str(arts), "--no-progress", *flags], out / "generate.log")
-        _run([sys.executable, "scripts/evaluate.py", "card", "--articles", str(arts)], out / "card.log")
-    summary = load_card(out / "heldout.card.json")["summary"]  # older cards' "validity" reads as format_valid
-    return {m: summary[CARD_KEYS.get(m, m)]["mean"] for m in CARD}
-
-
-def run_cell(cond: str, seed: int, steps: int, out: Path) -> dict:
-    """Train one (condition, seed) and card its export; cached in ``result.json``."""
-    run = out / cond / f"seed{seed}"
+def run_cell(cond: str, seed: int, horizons: list[int], out: Path, tag: str, extra: list[str], samples: int,
+             train_only: bool, threads: int | None) -> dict | None:
+    """Train one (condition, seed) to every horizon and card each export; ``result.json`` caches it."""
+    run = cell_dir(out, cond, tag, seed)
     done = run / "result.json"
     if done.exists():
         return json.loads(done.read_text())
-    run.mkdir(parents=True, exist_ok=True)
-    _run([sys.executable, "src/train.py", *CONDITIONS[cond], f"seed={seed}", f"trainer.max_steps={steps}",
-          f"paths.output_dir={run}", "trainer.enable_progress_bar=false"], run / "train.log")
-    ckpt = __import__("torch").load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    result = {"condition": cond, "seed": seed, "steps": steps, "train": training_gains(run),
-              "heldout": card_for(run / "export", run), "cold_start_model": ckpt["hyper_parameters"]["model_path"]}
+    extra = extra + ([f"threads.num={threads}"] if threads else [])
+    exports = train_horizons(CONDITIONS[cond] + extra, seed, horizons, run, threads)
+    if train_only:
+        return None
+    cards = {h: card_values(heldout_card(e, run / f"card_s{h}", samples, threads=threads)) for h, e in exports.items()}
+    cold = json.loads((exports[max(horizons)] / "run_config.json").read_text()).get("cold_start_model")
+    result = {"condition": cond, "seed": seed, "tag": tag, "set": extra, "horizons": sorted(horizons),
+              "train": training_summary(run), "heldout": {str(h): c for h, c in cards.items()},
+              "export": str(exports[max(horizons)]), "cold_start_model": cold or _model_path(run)}
     done.write_text(json.dumps(result, indent=1))
     return result
 
 
-def _export_of(result: dict, out: Path, merged: list[str] | None) -> Path:
-    """The export folder of a result's run (under ``--out`` or one of the ``--merge`` dirs)."""
-    for root in [out, *map(Path, merged or [])]:
-        export = root / result["condition"] / f"seed{result['seed']}" / "export"
-        if export.is_dir():
-            return export
-    raise SystemExit(f"no export for {result['condition']}:{result['seed']} under {out} or {merged}")
+def _model_path(run: Path) -> str:
+    import torch
+
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    return ckpt["hyper_parameters"]["model_path"]
 
 
-def _budgets_of(result: dict, out: Path, merged: list[str] | None) -> dict:
-    from score_lightning.evaluation import _run_budgets
-
-    return _run_budgets(str(_export_of(result, out, merged)))
-
-
-def load_results(dirs: list[Path]) -> list[dict]:
-    """Every cell's ``result.json`` below ``dirs``, each file once (``--out`` may also be a ``--merge`` dir).
-
-    Two different files for one condition and seed are refused: pooled twice, a cell would narrow every
-    interval (the table keys cells by condition and seed; the figure and the summary count rows).
-    """
+def load_results(dirs: list[Path], tag: str) -> list[dict]:
+    """Every cell's ``result.json`` below ``dirs`` with this tag, each file once; two for one cell are refused
+    (pooled twice, a cell would narrow every interval)."""
     files = sorted({p.resolve() for d in dirs for p in d.rglob("result.json")})
     cells: dict[tuple[str, int], Path] = {}
     results = []
     for path in files:
         r = json.loads(path.read_text())
+        if r.get("tag", "") != tag:
+            continue
         key = (r["condition"], r["seed"])
         if key in cells:
             raise SystemExit(f"two results for {key[0]}:{key[1]}: {cells[key]} and {path}; merge one of them")
@@ -189,125 +138,81 @@ def load_results(dirs: list[Path]) -> list[dict]:
     return results
 
 
-def table(results: list[dict], baseline_card: dict, conditions: list[str]) -> str:
-    by = {(r["condition"], r["seed"]): r for r in results}
-    seeds = sorted({r["seed"] for r in results})
-    head = ("| condition | seeds | reward gain | validity-part gain | score-part gain | score gap valid − invalid | "
-            "ungrounded citation rate | Δ citation precision | Δ coverage | Δ validity | Δ length | "
-            "paired Δ reward gain vs score | paired Δ citation precision vs score |")
-    lines = [head, "|" + " --- |" * 13]
-    for cond in conditions:
-        rows = [by[(cond, s)] for s in seeds if (cond, s) in by]
-        if not rows:
-            continue
-        delta = {m: [r["heldout"][m] - baseline_card[m] for r in rows] for m in CARD}
-        paired_r, paired_c = [], []
-        for r in rows:
-            ref = by.get(("score", r["seed"]))
-            if ref is not None and cond != "score":
-                paired_r.append(r["train"]["solver/reward_mean"] - ref["train"]["solver/reward_mean"])
-                paired_c.append(r["heldout"]["citation_precision"] - ref["heldout"]["citation_precision"])
-        lines.append(" | ".join([
-            f"| {cond}", str(len(rows)), fmt([r["train"]["solver/reward_mean"] for r in rows]),
-            fmt([r["train"]["solver/reward_validity_part"] for r in rows]),
-            fmt([r["train"]["solver/reward_score_part"] for r in rows]),
-            fmt([r["train"].get("score_gap_mean", math.nan) for r in rows]),
-            fmt([r["train"].get("ungrounded_mean", math.nan) for r in rows]),
-            *(fmt(delta[m], 1 if m == "length" else 3) for m in CARD),
-            fmt(paired_r) if paired_r else "-", fmt(paired_c) if paired_c else "-"]) + " |")
-    return "\n".join(lines)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--conditions", default=DEFAULT, help=f"comma list of {sorted(CONDITIONS)}")
     ap.add_argument("--modes", default=None, help="alias of --conditions (rubric methods, solver workflows)")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[21, 22, 23, 24, 25],
-                    help="fresh seeds (never tuned on; 11-15 were used by earlier studies)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[31, 32, 33, 34, 35],
+                    help="the study's seeds, fixed before its first run (development seeds 0-9 are for tuning)")
     ap.add_argument("--tuning-seeds", type=int, nargs="*", default=[], help="seeds the settings were tuned on (own table)")
-    ap.add_argument("--steps", type=int, default=40, help="SCORE steps per run, fixed before running")
+    ap.add_argument("--steps", type=int, default=160, help="SCORE steps per run (the last horizon), fixed in advance")
+    ap.add_argument("--horizons", default=None, help="comma list of step counts to card (default: --steps only)")
+    ap.add_argument("--samples", type=int, default=8, help="held-out rollouts per query (20 queries x 8: about +-0.03)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra Hydra overrides for every cell")
+    ap.add_argument("--tag", default="", help="names a --set variant: its cells live in <out>/<condition>@<tag>/")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads per process (1: two cells side by side)")
     ap.add_argument("--out", default=str(ROOT / "logs" / "bench_learning"))
     ap.add_argument("--only", default=None, help="run one cell CONDITION:SEED and stop (one machine of many)")
+    ap.add_argument("--train-only", action="store_true", help="with --only: train (every horizon), card later")
     ap.add_argument("--merge", nargs="*", default=None, help="read result.json files below these dirs; train nothing")
     ap.add_argument("--no-append", action="store_true", help="print the table; leave docs/BENCHMARKS.md alone")
-    ap.add_argument("--figure", default=None, help="write a PNG: per condition, the training curves with a 95%% band "
-                    "over seeds and the held-out card's changes with 95%% intervals (needs matplotlib: the bench extra)")
+    ap.add_argument("--figure", default=None, help="write a PNG of the curves and the held-out changes (bench extra)")
     args = ap.parse_args()
     conditions = [c for c in (args.modes or args.conditions).split(",") if c]
     unknown = [c for c in conditions if c not in CONDITIONS]
     if unknown:
         ap.error(f"unknown condition(s) {unknown}; allowed {sorted(CONDITIONS)}")
+    horizons = sorted({int(h) for h in (args.horizons.split(",") if args.horizons else [args.steps])} | {args.steps})
+    if max(horizons) != args.steps:
+        ap.error(f"--horizons {horizons} must not go past --steps {args.steps}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
+    cell = lambda c, s: run_cell(c, s, horizons, out, args.tag, list(args.set), args.samples,  # noqa: E731
+                                 args.train_only, args.threads)
     if args.only:
         cond, seed = args.only.split(":")
-        print(json.dumps(run_cell(cond, int(seed), args.steps, out)))
+        if cond not in CONDITIONS:
+            ap.error(f"unknown condition {cond!r}")
+        print(json.dumps(cell(cond, int(seed)), default=str)[:2000])
         return 0
     if args.merge is not None:
-        results = load_results([out, *map(Path, args.merge)])
+        results = load_results([out, *map(Path, args.merge)], args.tag)
         results = [r for r in results if r["condition"] in conditions and r["seed"] in args.seeds + args.tuning_seeds]
     else:
-        results = [run_cell(c, s, args.steps, out) for s in args.seeds + args.tuning_seeds for c in conditions]
+        results = [cell(c, s) for s in args.seeds + args.tuning_seeds for c in conditions]
     if not results:
         raise SystemExit("no results")
-    cold = out / "cold_start"
-    cold.mkdir(exist_ok=True)
-    budgets = {json.dumps(_budgets_of(r, out, args.merge), sort_keys=True) for r in results}
-    if len(budgets) != 1:
-        raise SystemExit(f"the runs differ in solver budgets ({sorted(budgets)}); one table needs one budget")
-    baseline = card_for(Path(results[0]["cold_start_model"]), cold, _export_of(results[0], out, args.merge))
+    # the cold start's card under a run's settings: every card of one table is made under the same ones
+    ref = Path(results[0]["export"])
+    cold = card_values(heldout_card(Path(results[0]["cold_start_model"]), out / f"cold_start@{args.tag or 'default'}",
+                                    args.samples, settings_of=ref, threads=args.threads))
+    from score_lightning.evaluation.settings import describe_diff, settings_diff
+
+    for r in results:  # a delta over the cold start measures the model only under equal settings
+        for h in horizons:
+            mine = r["heldout"][str(h)].get("settings")
+            if settings_diff(mine, cold.get("settings")):
+                raise SystemExit(f"{r['condition']}:{r['seed']} at {h} steps was carded under other settings than "
+                                 f"the cold start: {describe_diff(mine, cold.get('settings'))}")
     fresh = [r for r in results if r["seed"] not in args.tuning_seeds]
     tuned = [r for r in results if r["seed"] in args.tuning_seeds]
-    report = [table(fresh, baseline, conditions)]
+    text = report(fresh, cold, conditions, horizons)
     if tuned:
-        report += ["", "Tuning seeds (reported apart, not pooled):", "", table(tuned, baseline, conditions)]
-    text = "\n".join(report)
+        text += "\n\nTuning seeds (reported apart, never pooled):\n\n" + report(tuned, cold, conditions, horizons)
+    lines = summary_lines(fresh, cold, conditions, args.steps)
     print(text)
-    first_valid = [r["train"]["first_scoring_valid_rate"] for r in fresh if r["condition"] == "score"]
-    summary = ("cold-start held-out card: " + ", ".join(f"{m} {baseline[m]:.3f}" for m in CARD)
-               + f"; SCORE first-step evaluator/scoring_valid_rate {fmt(first_valid)} (over seeds)")
-    print(summary)
     if args.figure:
         from learning_figure import draw
 
-        draw(fresh, baseline, conditions, Path(args.figure), T975)
+        draw(fresh, cold, conditions, Path(args.figure), T975, str(args.steps))
         print(f"figure: {args.figure}")
     if not args.no_append:
-        append(text, summary, sys.argv, conditions, sorted({r["seed"] for r in fresh}), args.steps, time.time() - t0)
+        write_section(text, lines, sys.argv, conditions, sorted({r["seed"] for r in fresh}), horizons, args.samples)
+    print("\n".join(lines))
     return 0
 
 
-def append(text: str, summary: str, argv: list[str], conditions: list[str], seeds: list[int], steps: int,
-           took: float) -> None:
-    import platform
-
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
-    section = f"""
-
-## {dt.date.today().isoformat()}: learning on held-out queries, {", ".join(conditions)}
-
-### Command
-
-```bash
-{shlex.join(["python", "scripts/bench_learning.py", *argv[1:]])}
-```
-
-Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), no GPU; load average
-{load:.1f} at the end; {took / 60:.0f} minutes in all. Seeds {seeds} (fresh: no setting was tuned on
-them), {steps} SCORE steps each, the shared cached cold start. Every cell is mean ± half-width of the 95%
-t-interval over seeds. Reward gains: last 20% of steps minus first 20%. Δ: the final export's held-out
-card minus the cold-start model's card (20 held-out queries, greedy). Paired Δ: the condition minus
-SCORE on the same seed. Score gap: the mean over steps of `evaluator/score_gap_valid_invalid` (the
-evaluator's Σ w s of valid minus invalid reports; n/a for results recorded before that tag existed).
-
-{text}
-
-{summary}
-"""
-    with open(ROOT / "docs" / "BENCHMARKS.md", "a", encoding="utf-8") as fh:
-        fh.write(section)
-
+__all__ = ["CONDITIONS", "T975", "ci95", "fmt", "load_results", "main"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,8 +11,9 @@ import math
 from pathlib import Path
 from statistics import mean, stdev
 
-PANELS = (("solver/reward_mean", "training reward R_s"), ("solver/reward_score_part", "rubric-score part Σ w s"))
-CARD_METRICS = (("citation_precision", "citation precision"), ("coverage", "coverage"), ("validity", "validity"))
+PANELS = (("solver/reward_mean", "training reward R_s"), ("solver/reward_validity_part", "validity part a(r)"))
+CARD_METRICS = (("grounded_valid", "grounded valid (sampled)"), ("format_valid", "format valid"),
+                ("citation_precision", "citation precision"))
 # a line style per condition as well as a colour: two conditions can repeat each other exactly (no_verifier is
 # SCORE whenever the verifier never fires), and a solid line drawn under an identical one would vanish
 LINE_STYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)))
@@ -40,7 +41,9 @@ def _interval(vals: list[float], t975: dict[int, float]) -> tuple[float, float]:
     return mean(vals), h
 
 
-def draw(results: list[dict], baseline_card: dict, conditions: list[str], out: Path, t975: dict[int, float]) -> None:
+def draw(results: list[dict], baseline_card: dict, conditions: list[str], out: Path, t975: dict[int, float],
+         horizon: str) -> None:
+    """``results``: the cells' ``result.json`` contents; their held-out cards at ``horizon`` steps are drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -67,12 +70,13 @@ def draw(results: list[dict], baseline_card: dict, conditions: list[str], out: P
     for j, c in enumerate(conds):
         rows = [r for r in results if r["condition"] == c]
         for i, (metric, _) in enumerate(CARD_METRICS):
-            m, h = _interval([r["heldout"][metric] - baseline_card[metric] for r in rows], t975)
+            m, h = _interval([r["heldout"][horizon].get(metric, math.nan) - baseline_card.get(metric, math.nan)
+                              for r in rows], t975)
             ax.errorbar(i - 0.4 + width * (j + 0.5), m, yerr=h, fmt="o", color=colors[c], capsize=3,
                         label=c if i == 0 else None)
     ax.axhline(0.0, color="black", lw=0.8)
     ax.set_xticks(range(len(CARD_METRICS)), [name for _, name in CARD_METRICS])
-    ax.set_title("held-out card: Δ over the cold start")
+    ax.set_title(f"held-out card after {horizon} steps: Δ over the cold start")
     ax.grid(alpha=0.3, axis="y")
     fig.suptitle(f"Learning on the embedded default: {len(seeds)} seeds ({', '.join(map(str, seeds))}); "
                  "lines and points are means, bands and bars 95% t-intervals over seeds", fontsize=10)

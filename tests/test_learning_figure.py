@@ -24,14 +24,14 @@ def test_band_is_the_t_interval_over_the_seeds_that_reached_each_step():
 
 
 def test_draw_writes_a_png(tmp_path):
-    card = {"citation_precision": 0.8, "coverage": 0.1, "validity": 0.6, "length": 50.0}
+    card = {"grounded_valid": 0.15, "format_valid": 0.7, "citation_precision": 0.8, "coverage": 0.0}
     results = [{"condition": c, "seed": s,
                 "train": {"curves": {"solver/reward_mean": [1.0 + 0.01 * i * s for i in range(10)],
-                                     "solver/reward_score_part": [0.3 + 0.005 * i for i in range(10)]}},
-                "heldout": {k: v + 0.01 * s for k, v in card.items()}}
-               for c in ("score", "grpo_baseline") for s in (21, 22, 23)]
+                                     "solver/reward_validity_part": [0.3 + 0.005 * i for i in range(10)]}},
+                "heldout": {"160": {k: v + 0.01 * s for k, v in card.items()}}}
+               for c in ("score", "grpo_baseline") for s in (31, 32, 33)]
     out = tmp_path / "fig" / "study.png"
-    draw(results, card, ["score", "grpo_baseline"], out, T975)
+    draw(results, card, ["score", "grpo_baseline"], out, T975, "160")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
 
 
@@ -43,10 +43,38 @@ def test_merge_reads_each_cell_once_and_refuses_a_cell_found_twice(tmp_path):
     cell = tmp_path / "study" / "score" / "seed21"
     cell.mkdir(parents=True)
     (cell / "result.json").write_text(json.dumps({"condition": "score", "seed": 21}))
+    tagged = tmp_path / "study" / "score@lr2e-4" / "seed21"  # another --set variant: its own table
+    tagged.mkdir(parents=True)
+    (tagged / "result.json").write_text(json.dumps({"condition": "score", "seed": 21, "tag": "lr2e-4"}))
+    assert len(load_results([tmp_path / "study"], "lr2e-4")) == 1
     # the same folder as --out and as --merge (and through a second path): one cell, not two
-    assert len(load_results([tmp_path / "study", tmp_path / "study", tmp_path / "study" / "score"])) == 1
+    assert len(load_results([tmp_path / "study", tmp_path / "study", tmp_path / "study" / "score"], "")) == 1
     copy = tmp_path / "other" / "score" / "seed21"
     copy.mkdir(parents=True)
     (copy / "result.json").write_text(json.dumps({"condition": "score", "seed": 21}))
     with pytest.raises(SystemExit, match="two results for score:21"):
-        load_results([tmp_path / "study", tmp_path / "other"])
+        load_results([tmp_path / "study", tmp_path / "other"], "")
+
+
+def test_study_summary_lines_and_paired_differences_by_hand():
+    """The parseable line per condition, its t-interval over seeds, and the paired table, on hand-made cells."""
+    from bench_learning import T975 as t975
+    from study_cells import slope
+    from study_report import report, summary_lines
+
+    assert slope([1.0, 2.0, 3.0, 4.0]) == pytest.approx(1.0) and math.isnan(slope([1.0]))
+    cold = {"grounded_valid": 0.1, "format_valid": 0.7, "citation_precision": 0.8}
+    cells = []
+    for cond, gains in (("rule", (0.2, 0.3, 0.4)), ("frozen_solver", (0.0, 0.05, -0.05))):
+        for seed, g in zip((31, 32, 33), gains):
+            cells.append({"condition": cond, "seed": seed, "heldout": {"160": {"grounded_valid": 0.1 + g}},
+                          "train": {"reward_slope": g, "validity_slope": g}})
+    lines = summary_lines(cells, cold, ["rule", "frozen_solver"], 160)
+    half = t975[2] * 0.1 / math.sqrt(3)  # stdev(0.2, 0.3, 0.4) = 0.1
+    assert lines[0] == (f"condition=rule seeds=3 heldout_valid_delta=+0.300 heldout_valid_delta_ci=[{0.3 - half:+.3f},"
+                        f"{0.3 + half:+.3f}] reward_slope=+0.300 reward_slope_ci=[{0.3 - half:+.3f},{0.3 + half:+.3f}]")
+    text = report(cells, cold, ["rule", "frozen_solver"], [160])
+    paired = next(line for line in text.splitlines() if line.startswith("| rule − frozen_solver"))
+    diffs = [0.2, 0.25, 0.45]  # rule minus frozen, seed by seed
+    m, h = sum(diffs) / 3, t975[2] * __import__("statistics").stdev(diffs) / math.sqrt(3)
+    assert f"+{m:.3f} ± {h:.3f}" in paired and "| 3 |" in paired

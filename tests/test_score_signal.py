@@ -52,3 +52,28 @@ def test_score_gap_by_hand():
     gap, lo, hi = score_gap(score, side, group, np.random.default_rng(0))
     assert gap == pytest.approx(0.4) and 0.2 - 1e-12 <= lo <= gap <= hi <= 0.6 + 1e-12
     assert all(np.isnan(score_gap(score, np.ones(4, bool), group, np.random.default_rng(0))))
+
+
+def test_the_step_logs_the_within_group_ranking_by_hand():
+    """evaluator/rank_tau_valid: group 1's valid reports are scored in q's order (tau 1), group 2's in reverse
+    (tau -1), group 3 has one valid report (left out): the pooled mean is 0 over two groups."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from score_lightning.step.record import record_ranking
+    from score_lightning.step.scalars import StepScalars
+
+    retrieved = ["a", "b", "c", "d"]
+    cites = [["a"], ["a", "b"], ["a", "b", "c"], ["a"], ["a", "b"], ["a", "b", "c"], ["a"], ["a", "b"], []]
+    answers = [SimpleNamespace(cited_ids=tuple(c)) for c in cites]
+    rw = SimpleNamespace(answers=answers, validity=torch.tensor([1.0] * 6 + [1.0, 0.0, 0.0]),
+                         reports_valid=[True] * 9, rubric_part=torch.tensor([0.1, 0.2, 0.3, 0.9, 0.5, 0.1, 0.4, 0.8, 0.1]))
+    ro = SimpleNamespace(evidence=[], solver=[SimpleNamespace(retrieved_ids=retrieved)] * 9)
+    sc = StepScalars(torch.device("cpu"))
+    record_ranking(sc, ro, rw, 3, "retrieved_cited")
+    assert sc.compute()["evaluator/rank_tau_valid"] == pytest.approx(0.0)
+    rw.rubric_part = torch.tensor([0.1, 0.2, 0.3, 0.1, 0.5, 0.9, 0.4, 0.8, 0.1])  # both in q's order
+    sc = StepScalars(torch.device("cpu"))
+    record_ranking(sc, ro, rw, 3, "retrieved_cited")
+    assert sc.compute()["evaluator/rank_tau_valid"] == pytest.approx(1.0)

@@ -34,7 +34,7 @@ from score_lightning.step.dynamic_sampling import (EXTRA_STREAM_SEED, DynamicSam
                                                   informative_groups, merge_draws, pick_groups)
 from score_lightning.step.evaluations import group_evaluations
 from score_lightning.step.faults import FaultMonitor
-from score_lightning.step.record import record_rewards, record_rollouts, record_solver_update
+from score_lightning.step.record import record_ranking, record_rewards, record_rollouts, record_solver_update
 from score_lightning.step.report import global_values, report_distributions, report_texts, throughput
 from score_lightning.step.reward_assembly import RewardSettings, StepRewards, assemble_rewards, parse_answers
 from score_lightning.step.rollouts import RolloutSettings, initial_evidence, scoring_rollouts, solver_rollouts
@@ -145,6 +145,7 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, LightningModule):
         t2 = time.perf_counter()
         record_rewards(sc, ro, rw, self.K, self.reward_settings.verifier_enabled, self.reward_settings.zero)
         record_rollouts(sc, ro)
+        record_ranking(sc, ro, rw, self.K, self.reward_settings.rule_quality)
         sc.mean("solver/zero_variance_group_rate", drawn[0], drawn[1])
         sc.max("solver/sampling_draws", drawn[2])
         metrics: dict[str, float] = dict(ro.rubrics.stats)

@@ -1,0 +1,100 @@
+"""One cell of a learning study (a condition and a seed): training in chunks, its curves, its slope.
+
+``scripts/bench_learning.py`` calls these. A cell trains to each horizon in turn, resuming the same run
+folder from its ``checkpoints/last.ckpt``, and keeps the export of every horizon
+(``export_s<steps>/``), so one run gives the held-out metric at 80, 160 and 240 steps, and a study can
+be run in parts: a cell that stopped resumes at its last finished horizon.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from statistics import mean
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN_TAGS = ("solver/reward_mean", "solver/reward_validity_part", "solver/reward_score_part")
+
+
+def run_logged(cmd: list[str], log: Path, threads: int | None = None) -> None:
+    """Run ``cmd`` from the repository root, its output to ``log``; a failure stops the study, naming both."""
+    t0 = time.time()
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    if threads is not None:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    with open(log, "a") as fh:
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"failed ({proc.returncode}, {time.time() - t0:.0f}s): {shlex.join(cmd)}; log: {log}")
+
+
+def train_horizons(overrides: list[str], seed: int, horizons: list[int], run: Path,
+                   threads: int | None = None) -> dict[int, Path]:
+    """Train to each horizon in turn (resuming), keeping ``export_s<h>``; returns horizon -> export folder."""
+    run.mkdir(parents=True, exist_ok=True)
+    exports: dict[int, Path] = {}
+    for h in sorted(horizons):
+        kept = run / f"export_s{h}"
+        if not (kept / "run_config.json").is_file():
+            last = run / "checkpoints" / "last.ckpt"  # ckpt_path=last would look under logs/<task>/, not here
+            resume = [f"ckpt_path={last}"] if last.is_file() else []
+            run_logged([sys.executable, "src/train.py", *overrides, f"seed={seed}", f"trainer.max_steps={h}",
+                        f"paths.output_dir={run}", "trainer.enable_progress_bar=false", *resume],
+                       run / "train.log", threads)
+            if kept.exists():
+                shutil.rmtree(kept)
+            shutil.copytree(run / "export", kept)
+        exports[h] = kept
+    return exports
+
+
+def scalars(run: Path) -> dict[str, list[float]]:
+    """Every scalar of a run's TensorBoard events, by step (a resumed run's files merged, later wins)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[str, dict[int, float]] = {}
+    for events in sorted((run / "tensorboard").rglob("events.out.tfevents.*")):
+        ea = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        ea.Reload()
+        for tag in ea.Tags()["scalars"]:
+            out.setdefault(tag, {}).update({e.step: e.value for e in ea.Scalars(tag)})
+    return {tag: [v for _, v in sorted(s.items())] for tag, s in out.items()}
+
+
+def slope(values: list[float]) -> float:
+    """Least-squares slope of ``values`` against their step index (per step; NaN with fewer than 2 finite)."""
+    pts = [(i, v) for i, v in enumerate(values) if math.isfinite(v)]
+    if len(pts) < 2:
+        return math.nan
+    mx, my = mean(i for i, _ in pts), mean(v for _, v in pts)
+    sxx = sum((i - mx) ** 2 for i, _ in pts)
+    return sum((i - mx) * (v - my) for i, v in pts) / sxx
+
+
+def training_summary(run: Path) -> dict:
+    """The reward's slope over all steps (per 100 steps) and last-20%-minus-first-20% gains of the reward and
+    its parts; the first step's scoring validity; the mean score gap, ungrounded rate and within-group
+    informative share; the curves (for the figure)."""
+    sc = scalars(run)
+    out: dict = {"curves": {tag: sc.get(tag, []) for tag in TRAIN_TAGS}}
+    for tag in TRAIN_TAGS:
+        vals = sc.get(tag, [])
+        n = max(1, round(0.2 * len(vals)))
+        out[tag] = mean(vals[-n:]) - mean(vals[:n]) if vals else math.nan
+    out["reward_slope"] = 100.0 * slope(sc.get("solver/reward_mean", []))
+    out["validity_slope"] = 100.0 * slope(sc.get("solver/reward_validity_part", []))
+    out["first_scoring_valid_rate"] = sc.get("evaluator/scoring_valid_rate", [math.nan])[0]
+    for key, tag in (("score_gap_mean", "evaluator/score_gap_valid_invalid"),
+                     ("ungrounded_mean", "solver/ungrounded_citation_rate"),
+                     ("zero_variance_mean", "solver/zero_variance_group_rate"),
+                     ("draws_mean", "solver/sampling_draws")):
+        vals = [v for v in sc.get(tag, []) if math.isfinite(v)]
+        out[key] = mean(vals) if vals else math.nan
+    out["steps"] = len(sc.get("solver/reward_mean", []))
+    return out

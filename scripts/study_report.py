@@ -1,0 +1,142 @@
+"""The learning study's tables and summary lines (``scripts/bench_learning.py``), from its cells' results.
+
+Every interval is a 95% t-interval over seeds of per-seed values: a change over the cold start's card, a
+reward slope, or a paired (same seed) difference between two conditions.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import os
+import shlex
+from pathlib import Path
+from statistics import mean, stdev
+
+ROOT = Path(__file__).resolve().parents[1]
+#: two-sided 97.5% quantiles of Student's t by degrees of freedom (95% intervals over seeds)
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def ci95(values: list[float]) -> tuple[float, float, int]:
+    """Mean and half-width of the 95% t-interval (NaN half-width with fewer than 2 values)."""
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if not vals:
+        return math.nan, math.nan, 0
+    if len(vals) < 2:
+        return vals[0], math.nan, 1
+    return mean(vals), T975.get(len(vals) - 1, 1.96) * stdev(vals) / math.sqrt(len(vals)), len(vals)
+
+
+def fmt(values: list[float], digits: int = 3) -> str:
+    m, h, n = ci95(values)
+    if n == 0:
+        return "n/a"
+    return f"{m:+.{digits}f}" + ("" if math.isnan(h) else f" ± {h:.{digits}f}")
+
+
+def interval(values: list[float], digits: int = 3) -> tuple[str, str]:
+    """``+x`` and ``[lo,hi]`` of the 95% t-interval, for the parseable summary line."""
+    m, h, n = ci95(values)
+    if n == 0:
+        return "nan", "[nan,nan]"
+    if math.isnan(h):
+        return f"{m:+.{digits}f}", "[nan,nan]"
+    return f"{m:+.{digits}f}", f"[{m - h:+.{digits}f},{m + h:+.{digits}f}]"
+
+
+def delta(r: dict, cold: dict, horizon: int, key: str = "grounded_valid") -> float:
+    card = r["heldout"].get(str(horizon), {})
+    v, c = card.get(key), cold.get(key)
+    return v - c if v is not None and c is not None else math.nan
+
+
+def _by(results: list[dict]) -> dict[tuple[str, int], dict]:
+    return {(r["condition"], r["seed"]): r for r in results}
+
+
+def paired(results: list[dict], a: str, b: str, value) -> list[float]:
+    """Per seed that has both: value(a's cell) - value(b's cell)."""
+    by = _by(results)
+    seeds = sorted({s for c, s in by if c == a} & {s for c, s in by if c == b})
+    return [value(by[(a, s)]) - value(by[(b, s)]) for s in seeds]
+
+
+def report(results: list[dict], cold: dict, conditions: list[str], horizons: list[int]) -> str:
+    """Per condition: the held-out change at each horizon, the reward slope, the training gains; then the
+    paired differences of every pair of conditions at the last horizon."""
+    last = max(horizons)
+    conds = [c for c in conditions if any(r["condition"] == c for r in results)]
+    head = (["condition", "seeds"] + [f"Δ grounded valid @{h}" for h in horizons]
+            + [f"Δ citation precision @{last}", f"Δ format valid @{last}", "reward slope /100 steps",
+               "validity-part slope /100 steps", "zero-variance groups", "score gap valid − invalid"])
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for c in conds:
+        rows = [r for r in results if r["condition"] == c]
+        cells = [c, str(len(rows))] + [fmt([delta(r, cold, h) for r in rows]) for h in horizons]
+        cells += [fmt([delta(r, cold, last, "citation_precision") for r in rows]),
+                  fmt([delta(r, cold, last, "format_valid") for r in rows]),
+                  fmt([r["train"]["reward_slope"] for r in rows]), fmt([r["train"]["validity_slope"] for r in rows]),
+                  fmt([r["train"].get("zero_variance_mean", math.nan) for r in rows]),
+                  fmt([r["train"].get("score_gap_mean", math.nan) for r in rows])]
+        lines.append("| " + " | ".join(cells) + " |")
+    cold_line = (f"Cold start (the same held-out rollouts and settings): grounded valid {cold.get('grounded_valid', math.nan):.3f}, "
+                 f"format valid {cold.get('format_valid', math.nan):.3f}, citation precision "
+                 f"{cold.get('citation_precision', math.nan):.3f}.")
+    pairs = [(a, b) for i, a in enumerate(conds) for b in conds[i + 1:]]
+    if pairs:
+        lines += ["", cold_line, "", f"Paired differences (same seed), at {last} steps:", "",
+                  "| pair | seeds | Δ held-out grounded valid | Δ reward slope /100 steps |", "| --- | --- | --- | --- |"]
+        for a, b in pairs:
+            dv = paired(results, a, b, lambda r: delta(r, cold, last))
+            ds = paired(results, a, b, lambda r: r["train"]["reward_slope"])
+            lines.append(f"| {a} − {b} | {len(dv)} | {fmt(dv)} | {fmt(ds)} |")
+    else:
+        lines += ["", cold_line]
+    return "\n".join(lines)
+
+
+def summary_lines(results: list[dict], cold: dict, conditions: list[str], horizon: int) -> list[str]:
+    """One parseable line per condition (the module docstring of ``bench_learning.py``)."""
+    out = []
+    for c in conditions:
+        rows = [r for r in results if r["condition"] == c]
+        if not rows:
+            continue
+        dv, dv_ci = interval([delta(r, cold, horizon) for r in rows])
+        sl, sl_ci = interval([r["train"]["reward_slope"] for r in rows])
+        out.append(f"condition={c} seeds={len(rows)} heldout_valid_delta={dv} heldout_valid_delta_ci={dv_ci} "
+                   f"reward_slope={sl} reward_slope_ci={sl_ci}")
+    return out
+
+
+def write_section(text: str, lines: list[str], argv: list[str], conditions: list[str], seeds: list[int],
+                  horizons: list[int], samples: int) -> None:
+    """Append the study's section, with its exact command and machine, to docs/BENCHMARKS.md."""
+    import platform
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+    section = f"""
+
+## {dt.date.today().isoformat()}: learning on held-out queries, {", ".join(conditions)}
+
+### Command
+
+```bash
+{shlex.join(["python", "scripts/bench_learning.py", *argv[1:]])}
+```
+
+Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), no GPU; load average {load:.1f}
+at the end. Seeds {seeds}, horizons {horizons} SCORE steps, the shared cached cold start. Held-out: the 20
+embedded held-out queries, {samples} samples each at the run's solver temperature, under the run's prompt and
+budgets; grounded valid = closed, cited, every citation retrieved (the reward's a(r)). Δ: a run's card minus
+the cold start's (same settings). Every cell is mean ± half-width of the 95% t-interval over seeds.
+
+{text}
+
+```
+{chr(10).join(lines)}
+```
+"""
+    with open(ROOT / "docs" / "BENCHMARKS.md", "a", encoding="utf-8") as fh:
+        fh.write(section)
