@@ -11,7 +11,6 @@ that must never touch the training process.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -114,15 +113,6 @@ def load_corpus(path: str | Path) -> list[Document]:
     if not docs:
         raise DataFormatError(path, 1, "corpus is empty")
     return docs
-
-
-def file_sha256(path: str | Path) -> str:
-    """Content hash of a file; the BM25 index stores it to know when the corpus changed."""
-    h = hashlib.sha256()
-    with Path(path).open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from score_lightning.sft.asset import file_sha256 as sha256_file  # one hashing helper for every manifest
+from score_lightning.files import file_sha256 as sha256_file  # one hashing helper for every manifest
 
 log = logging.getLogger(__name__)
 

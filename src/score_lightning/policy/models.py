@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from score_lightning import protocol as P
 from score_lightning.errors import ConfigError
+from score_lightning.files import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -125,14 +126,6 @@ def _tokenizer_texts(corpus_path: Path, extra_texts: Iterable[str]) -> list[str]
     return texts
 
 
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def ensure_tiny_checkpoint(
     cache_dir: str | os.PathLike,
     spec: TinyModelSpec,
@@ -147,7 +140,7 @@ def ensure_tiny_checkpoint(
     corpus_path = Path(corpus_path)
     extra = list(extra_texts)
     key_src = json.dumps(
-        {"spec": asdict(spec), "corpus": _file_digest(corpus_path), "extra": extra, "v": _BUILD_FORMAT_VERSION,
+        {"spec": asdict(spec), "corpus": file_sha256(corpus_path), "extra": extra, "v": _BUILD_FORMAT_VERSION,
          "tags": P.PROTOCOL_TOKENS},
         sort_keys=True,
     )

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from score_lightning.data.corpus import Document, file_sha256, load_corpus
+from score_lightning.data.corpus import Document, load_corpus
+from score_lightning.files import file_sha256
 from score_lightning.retrieval.base import SearchHit
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,6 @@ run built it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -22,19 +21,12 @@ import tempfile
 from pathlib import Path
 
 from score_lightning.evaluation.settings import RUN_CONFIG
+from score_lightning.files import file_sha256
 
 log = logging.getLogger(__name__)
 
 ASSET_DIR = Path(__file__).resolve().parents[1] / "data" / "assets" / "cold_start"
 MANIFEST = "manifest.json"
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def packaged_key(asset: Path = ASSET_DIR) -> str | None:
