@@ -67,9 +67,25 @@ def test_max_staleness_0_reproduces_sync_bit_for_bit(tmp_path, tiny_ckpt, corpus
 def test_staleness_1_trains_nothing_older_than_one_version(tmp_path, tiny_ckpt, corpus_file):
     from score_lightning.step.generation import POLICY_VERSION
 
-    rec = Recorder()
-    _run(tmp_path, SCRIPTED + ["trainer.max_steps=4", "rollout.mode=async", "rollout.max_staleness=1"], [rec.callback])
+    rec, used = Recorder(), []
+
+    def hook(module):  # the harness version each trained batch's prompts were written under
+        take = module.prefetch.take
+
+        def recording(*args):
+            got = take(*args)
+            used.append(got.info["harness_version"])
+            return got
+
+        module.prefetch.take = recording
+
+    _run(tmp_path, SCRIPTED + ["trainer.max_steps=4", "rollout.mode=async", "rollout.max_staleness=1"], [rec.callback],
+         hook=hook)
     assert len(rec.steps) == 4
+    # harness.every_n_steps=1 refreshes after every step: at step t the trainer holds version t, which sync's
+    # prompts would use; the worker's batch t was asked for during step t-1, before that step's refresh
+    assert [s["metrics"]["harness/version"] for s in rec.steps] == [0.0, 1.0, 2.0, 3.0]
+    assert used == [0, 0, 1, 2]
     for step, s in enumerate(rec.steps):
         ro = s["rollouts"]
         versions = [t.meta[POLICY_VERSION] for t in ro.solver] + [r.policy_version for r, _ in ro.rubrics.samples]

@@ -183,7 +183,8 @@ class WorkerHost(GenerationHooks):
             ro, rw, drawn = self.draw_until_informative(ro, rw)
         stamp_policy_version(ro, req.version)
         return GeneratedBatch(req.step, req.version, list(req.ids), list(req.prompts), ro, rw, drawn,
-                              t1 - t0, time.perf_counter() - t1, {"pid": os.getpid()})
+                              t1 - t0, time.perf_counter() - t1,
+                              {"pid": os.getpid(), "harness_version": int(getattr(req.harness_state, "version", -1))})
 
     def _precision(self):
         """The trainer's autocast, when its precision is bf16-mixed (its own generation would run under it)."""

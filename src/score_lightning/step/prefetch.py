@@ -68,10 +68,6 @@ class RolloutPrefetcher:
         self._stream = None
 
     # ------------------------------------------------------------------ process
-    @property
-    def started(self) -> bool:
-        return self.proc is not None
-
     def start(self, device: torch.device | str = "cpu") -> None:
         """Spawn the worker (it loads its own engines while the trainer finishes its setup)."""
         if self.proc is not None:
@@ -207,7 +203,8 @@ class RolloutPrefetcher:
                                        f"{self.proc.exitcode}") from None
                 continue
             if kind == "ready":
-                log.info("rollout worker ready (pid %d, %d CPU threads)", payload["pid"], payload["threads"])
+                log.info("rollout worker ready (pid %d, %d CPU thread%s)", payload["pid"], payload["threads"],
+                         "s" * (payload["threads"] != 1))
             elif kind == "error":
                 raise WorkerFailed(f"the rollout worker failed:\n{payload}")
             else:
