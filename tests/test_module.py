@@ -56,12 +56,14 @@ def _export_state(out: Path) -> dict[str, torch.Tensor]:
     return load_file(next((out / "export").glob("*.safetensors")))
 
 
-def test_resume_is_exact(tmp_path, tiny_ckpt, corpus_file):
-    """4 uninterrupted steps == 2 steps, stop, resume to 4 (parameters within 1e-5)."""
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_resume_is_exact(tmp_path, tiny_ckpt, corpus_file, mode):
+    """4 uninterrupted steps == 2 steps, stop, resume to 4 (parameters within 1e-5; bit for bit under
+    rollout.mode=async, whose checkpoint carries the batch the worker had in flight for step 2)."""
     full, part = tmp_path / "full", tmp_path / "part"
     # the entropy bonus guarantees non-zero gradients even when a random model earns no reward
     common = ["harness.every_n_steps=1", "callbacks.model_checkpoint.every_n_steps=2", "optim.lr=1e-3",
-              "loss.entropy_coef=0.01"]
+              "loss.entropy_coef=0.01", f"rollout.mode={mode}"]
     _run(full, common + ["trainer.max_steps=4"])
     _run(part, common + ["trainer.max_steps=2"])
     ckpt = part / "checkpoints" / "last.ckpt"
@@ -74,6 +76,8 @@ def test_resume_is_exact(tmp_path, tiny_ckpt, corpus_file):
     assert moved > 1e-4, "training did not change the weights: the resume comparison would be vacuous"
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0)
+    if mode == "async":
+        assert all(torch.equal(a[k], b[k]) for k in a)
     sa, sb = read_scalars(full / "tensorboard"), read_scalars(part / "tensorboard")
     assert [v for _, v in sa["evaluator/baseline"]][-1] == pytest.approx([v for _, v in sb["evaluator/baseline"]][-1])
 

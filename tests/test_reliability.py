@@ -177,10 +177,13 @@ def test_dead_retriever_cli_finishes_and_counts_errors(tmp_path, tiny_ckpt):
 
 
 # ---------------------------------------------------------------- preemption
-def test_sigterm_saves_exits_75_and_resume_completes(tmp_path, tiny_ckpt):
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_sigterm_saves_exits_75_and_resume_completes(tmp_path, tiny_ckpt, mode):
+    """Under rollout.mode=async the checkpoint also holds the batch the worker had in flight (and the worker,
+    which ignores SIGTERM, is waited for rather than killed mid-batch)."""
     out = tmp_path / "preempt"
-    cmd = [sys.executable, "src/train.py", *FAST, "trainer.max_steps=40", f"paths.output_dir={out}",
-           "callbacks.model_checkpoint.every_n_steps=100"]
+    cmd = [sys.executable, "src/train.py", *FAST, f"rollout.mode={mode}", "trainer.max_steps=40",
+           f"paths.output_dir={out}", "callbacks.model_checkpoint.every_n_steps=100"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     try:
@@ -199,11 +202,72 @@ def test_sigterm_saves_exits_75_and_resume_completes(tmp_path, tiny_ckpt):
     assert time.time() - t0 < 120
     ckpt = out / "checkpoints" / "last.ckpt"
     validate_checkpoint(ckpt)
-    step = torch.load(ckpt, weights_only=True)["score"]["score_step"]
+    saved = torch.load(ckpt, weights_only=True)["score"]
+    step = saved["score_step"]
     assert 1 <= step < 40  # the step in flight finished, nothing after it ran
+    if mode == "async":
+        from score_lightning.step.batch_codec import decode
+
+        batch = decode(saved["async_rollouts"]["batch"])
+        assert (batch.step, batch.version) == (step, step - 1)  # the next step's batch, one version behind
     assert not (out / "export").exists()  # a preempted run does not pretend it finished
     done = subprocess.run(cmd[:-3] + [f"trainer.max_steps={step + 1}", f"paths.output_dir={out}",
                                       f"ckpt_path={ckpt}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert torch.load(ckpt, weights_only=True)["score"]["score_step"] == step + 1
     assert list((out / "export").glob("*.safetensors"))
+
+
+# ---------------------------------------------------------------- SIGKILL under asynchronous rollouts
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_sigkill_during_an_async_run_resumes_to_the_uninterrupted_run(tmp_path, tiny_ckpt):
+    """SIGKILL the trainer while its worker generates, resume with ckpt_path=last: the end equals an
+    uninterrupted asynchronous run of the same seed bit for bit (HF engine: the worker seeds each batch from
+    (seed, step), and the checkpoint carries the batch in flight); the worker died with the trainer."""
+    from safetensors.torch import load_file
+
+    logs = tmp_path / "logs"
+    cli = [sys.executable, "src/train.py", *FAST, "rollout.mode=async", "optim.lr=1e-3", "loss.entropy_coef=0.01",
+           "callbacks.model_checkpoint.every_n_steps=1", "trainer.max_steps=5", f"paths.log_dir={logs}"]
+    full = subprocess.run(cli + ["task_name=full"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert full.returncode == 0, full.stderr[-3000:]
+    proc = subprocess.Popen(cli + ["task_name=killed"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    seen, worker = [], None
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if "rollout worker started (pid " in line:
+                worker = int(line.split("rollout worker started (pid ", 1)[1].split(",", 1)[0])
+            if "SCORE step 2 done" in line:
+                proc.send_signal(signal.SIGKILL)  # no handler, no atexit: only the worker's own watch can act
+                break
+        else:
+            pytest.fail("training never reached step 2:\n" + "".join(seen[-30:]))
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGKILL and worker is not None
+    deadline = time.time() + 10
+    while _alive(worker) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _alive(worker), "the rollout worker outlived its SIGKILLed trainer"
+    ckpts = list((logs / "killed").rglob("checkpoints/last.ckpt"))
+    assert len(ckpts) == 1 and 1 <= torch.load(ckpts[0], weights_only=True)["score"]["score_step"] <= 3
+    done = subprocess.run(cli + ["task_name=killed", "ckpt_path=last"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    a = load_file(next((logs / "full").rglob("export/*.safetensors")))
+    b = load_file(next((logs / "killed").rglob("export/*.safetensors")))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # one continuous run folder: the resumed steps extend the killed run's curves, step for step
+    curves = read_scalars(ckpts[0].parent.parent / "tensorboard")["rollout/staleness_max"]
+    assert sorted({s for s, _ in curves}) == [0, 1, 2, 3, 4] and max(v for _, v in curves) == 1.0

@@ -86,3 +86,27 @@ def test_bad_thread_settings_are_refused_by_name():
         validate_config(compose(["experiment=tiny_score", "threads.num=0", "threads.runs=many"]))
     assert "threads.num=0: allowed 'auto' or an integer >= 1" in str(err.value)
     assert "threads.runs='many': allowed an integer >= 1" in str(err.value)
+
+
+@pytest.mark.parametrize("threads, trainer, worker", [(2, 1, 1), (3, 2, 1), (8, 4, 4), (1, 1, 1)])
+def test_async_rollouts_split_the_threads_between_trainer_and_worker(threads, trainer, worker):
+    assert T.split_for_worker(threads) == (trainer, worker)
+
+
+def test_apply_under_async_gives_the_trainer_its_share_and_logs_both(monkeypatch, caplog):
+    for var in ("OMP_NUM_THREADS", "RAYON_NUM_THREADS", T._MARK, "LOCAL_WORLD_SIZE", "LOCAL_RANK", "RANK"):
+        monkeypatch.setenv(var, "0")
+        monkeypatch.delenv(var)
+    monkeypatch.setattr(T, "usable_cores", lambda: 2)
+    before = torch.get_num_threads()
+    try:
+        with caplog.at_level(logging.INFO, logger="score_lightning.launch.threads"):
+            plan = apply_threads(compose(["rollout.mode=async"]))
+        assert (plan.threads, plan.worker_threads) == (1, 1) and torch.get_num_threads() == 1
+        assert [r.getMessage() for r in caplog.records if r.name == "score_lightning.launch.threads"] == [
+            "CPU threads per process: 1 (threads.num=auto: 2 usable cores / 1 local process / threads.runs=1; "
+            "rollout.mode=async: trainer 1 + rollout worker 1 of 2)"]
+        assert apply_threads(compose([])).worker_threads == 0  # sync: no worker, nothing withheld
+        assert apply_threads(compose([])).threads == 2
+    finally:
+        torch.set_num_threads(before)

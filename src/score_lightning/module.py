@@ -19,7 +19,6 @@ import numpy as np
 from lightning.pytorch import LightningModule
 from omegaconf import DictConfig, OmegaConf
 
-from score_lightning import distributed as D
 from score_lightning.glue.building import BuildingHooks
 from score_lightning.glue.outputs import OutputHooks
 from score_lightning.glue.run_state import RunStateHooks
@@ -27,32 +26,34 @@ from score_lightning.harness.scheduler import DimensionScheduler
 from score_lightning.harness.state import HarnessState
 from score_lightning.harness.stats_window import StatsWindow
 from score_lightning.rewards.functions import EMABaseline
-from score_lightning.rubrics.base import RubricContext
 from score_lightning.step.evaluator_phase import centre, sample_rewards
 from score_lightning.step.evaluator_update import ReinforceSettings, evaluator_update
-from score_lightning.step.dynamic_sampling import (EXTRA_STREAM_SEED, DynamicSampling, extra_batch,
-                                                  informative_groups, merge_draws, pick_groups)
+from score_lightning.rollout.modes import asynchronous, stale_rollouts
+from score_lightning.step.dynamic_sampling import EXTRA_STREAM_SEED, DynamicSampling
 from score_lightning.step.evaluations import group_evaluations
 from score_lightning.step.faults import FaultMonitor
 from score_lightning.step.record import record_ranking, record_rewards, record_rollouts, record_solver_update
 from score_lightning.step.report import global_values, report_distributions, report_texts, throughput
-from score_lightning.step.reward_assembly import RewardSettings, StepRewards, assemble_rewards, parse_answers
-from score_lightning.step.rollouts import RolloutSettings, initial_evidence, scoring_rollouts, solver_rollouts
-from score_lightning.step.rule_rewards import rule_step_rewards
+from score_lightning.step.generation import GenerationHooks, stamp_policy_version
+from score_lightning.step.prefetch import RolloutPrefetcher, record_async
+from score_lightning.step.reward_assembly import RewardSettings, StepRewards
+from score_lightning.step.rollouts import RolloutSettings, scoring_rollouts
 from score_lightning.step.samples import step_samples
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_update import GRPOSettings, solver_update
 from score_lightning.step.step_rewards import StepRewardStage
-from score_lightning.step.types import StepRollouts, StepRubric
+from score_lightning.step.types import StepRollouts
 from score_lightning.policy.top_layers import update_scope
 
 log = logging.getLogger(__name__)
 
-class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, LightningModule):
+class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, LightningModule):
     """The SCORE trainer. ``cfg`` is the full Hydra config (validated before construction).
 
     This file is the step; building models, engines and optimisers, the checkpointed run state, and
-    logging / halting / export are the hooks of :mod:`score_lightning.glue`.
+    logging / halting / export are the hooks of :mod:`score_lightning.glue`; the generating stages
+    (rubric, rollouts, scoring, dynamic sampling) are :class:`~score_lightning.step.generation.GenerationHooks`,
+    which the asynchronous rollout worker runs too.
     """
 
     def __init__(self, cfg: DictConfig | dict, model_path: str, tokenizer_path: str | None = None):
@@ -86,6 +87,10 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, LightningModule):
         self.reinforce_settings = ReinforceSettings.from_cfg(cfg)
         self.step_stage = StepRewardStage.from_cfg(cfg)  # reward.step=rubric: ARCO-style step judgements
         self.sampling = DynamicSampling.from_cfg(cfg)  # solver.dynamic_sampling: DAPO's draws until B groups teach
+        #: rollout.mode=async: the worker that generates the next step's batch during this step's update
+        self.prefetch = RolloutPrefetcher(cfg, model_path, tokenizer_path or model_path) if asynchronous(cfg) else None
+        #: pi_old is recomputed to log the engine-trainer gap: vLLM's kernels, or an HF worker's older weights
+        self.engine_gap_logged = cfg.rollout.engine == "vllm" or (stale_rollouts(cfg) and cfg.rollout.engine == "hf")
         self.policy = self.evaluator_policy = self.ref = None
         self.engine = self.evaluator_engine = None  # set in setup() (HF, scripted) or by the vLLM callback
         self.retriever = None
@@ -97,49 +102,24 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, LightningModule):
         self.last_step: dict | None = None
 
     # ------------------------------------------------------------------ the step
-    def rubric_context(self) -> RubricContext:
-        return RubricContext(self.evaluator_engine, self.tokenizer, self.retriever, self.harness_state, self.scheduler,
-                             int(self.cfg.evaluator.max_prompt_tokens), float(self.cfg.evaluator.temperature))
-
-    def rollout(self, queries: list[str], query_ids: list[str] | None = None,
-                rubric_of: StepRubric | None = None) -> StepRollouts:
-        """Stages 1-2: evidence, the step's rubrics (from the configured source; ``rubric_of``: a dynamic-sampling
-        draw reuses that step's rubric, with nothing new to train), K solver rollouts per query."""
-        ids = [str(i) for i in (query_ids if query_ids is not None else range(len(queries)))]
-        evidence, errors = initial_evidence(self.retriever, queries, int(self.cfg.solver.topk))
-        if rubric_of is None:
-            rubrics = self.rubric_source.step_rubrics(self.rubric_context(), queries, ids, evidence)
-        else:
-            rubrics = StepRubric([rubric_of.first] * len(queries), [], rubric_of.valid, rubric_of.error,
-                                 fallback=[bool(rubric_of.fallback and rubric_of.fallback[0])] * len(queries))
-        solver = solver_rollouts(self.engine, self.tokenizer, self.retriever, queries, rubrics.per_query,
-                                 self.harness_state, self.rollout_settings)
-        return StepRollouts(list(queries), rubrics, evidence, errors, solver, query_ids=ids)
-
-    def score(self, ro: StepRollouts) -> StepRewards:
-        """Stages 2-3: the evaluator scores the K reports of each query; rewards with gates and verifier."""
-        answers = parse_answers(ro.solver, self.tokenizer, self.reward_settings)
-        if self.reward_settings.source == "rule":  # the known-good reward: no evaluator, no scoring rollouts
-            ro.scoring = []
-            self._release_caches()
-            return rule_step_rewards(answers, ro, self.K, self.reward_settings.rule_quality)
-        reports = [[a.answer if a.answer else None for a in answers[i:i + self.K]] for i in range(0, len(answers), self.K)]
-        sources = [[t.retrieved_ids for t in ro.solver[i:i + self.K]] for i in range(0, len(ro.solver), self.K)]
-        ro.scoring = scoring_rollouts(self.evaluator_engine, self.tokenizer, self.retriever, ro.queries, reports,
-                                      ro.rubrics.per_query, self.harness_state, self.rollout_settings, sources)
-        self._release_caches()
-        return assemble_rewards(answers, ro.scoring, ro.rubrics.per_query, self.harness_state, self.K,
-                                self.reward_settings, self.tokenizer)
-
     def training_step(self, batch: dict, batch_idx: int) -> None:
         c = self.cfg
         self.data_cursor = int(batch.get("cursor", self.data_cursor + 1))
         sc = StepScalars(self.device)
         t0 = time.perf_counter()
-        ro = self.step_rollouts = self.rollout(list(batch["prompt"]), [str(i) for i in batch.get("id", [])] or None)
-        t1 = time.perf_counter()
-        rw = self.score(ro)
-        ro, rw, drawn = self.draw_until_informative(ro, rw)  # solver.dynamic_sampling (a no-op when off)
+        if self.prefetch is None:  # rollout.mode=sync: the step generates its own batch, now
+            ro = self.step_rollouts = self.rollout(list(batch["prompt"]), [str(i) for i in batch.get("id", [])] or None)
+            t1 = time.perf_counter()
+            rw = self.score(ro)
+            ro, rw, drawn = self.draw_until_informative(ro, rw)  # solver.dynamic_sampling (a no-op when off)
+            stamp_policy_version(ro, self.score_step)
+            gen = None
+        else:  # rollout.mode=async: the worker's batch (step/prefetch.py); it starts on the next one before the update
+            gen = self.prefetch.step_batch(self, batch)
+            ro, rw, drawn = gen.rollouts, gen.rewards, gen.drawn
+            record_async(sc, gen, self.score_step, self.prefetch.discarded)
+            self.last_weight_sync_s = self.prefetch.weight_sync_s
+            t1 = time.perf_counter()
         self.step_rollouts = ro
         st = self.step_stage.judge(self.evaluator_engine, self.tokenizer, ro, rw, sc)  # no-op for reward.step=none
         t2 = time.perf_counter()
@@ -156,7 +136,7 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, LightningModule):
             with update_scope(c, self.policy):  # frozen bottom layers run once per input; freed after this update
                 upd = solver_update(self.policy, self.ref, ro.solver, rw.rewards, self.grpo_settings,
                                     self.tokenizer.pad_token_id, self.optimizer_hooks("solver", self.policy),
-                                    need_trainer_logprobs=c.rollout.engine == "vllm", step_bonus=st.bonus,
+                                    need_trainer_logprobs=self.engine_gap_logged, step_bonus=st.bonus,
                                     neutral=rw.neutral, exclude=rw.excluded)
             # also the engine-trainer gap (rollout/logprob_diff, mismatch_kl, is_*) when it computed pi_old
             record_solver_update(sc, upd, self.grpo_settings.correction)
@@ -178,7 +158,8 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, LightningModule):
         self.scheduler.update_stats(ro.rubrics.first.dims, [consistency] if math.isfinite(consistency) else [])
         for sch in self.lr_scheduler_list():
             sch.step()
-        for tag, value in (("time/rollout_s", t1 - t0), ("time/scoring_s", t2 - t1), ("time/update_s", t3 - t2)):
+        times = (t1 - t0, t2 - t1) if gen is None else (gen.rollout_s, gen.scoring_s + t2 - t1)  # async: the worker's
+        for tag, value in (("time/rollout_s", times[0]), ("time/scoring_s", times[1]), ("time/update_s", t3 - t2)):
             sc.max(tag, value)
         metrics["rollout/retrieval_errors_step"] = self.faults.record_step(ro)
         metrics.update(sc.compute())
@@ -202,26 +183,6 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, LightningModule):
             report_texts(self.trainer, step_samples(ro, rw, self.harness_state, self.tokenizer), self.score_step - 1,
                          str(c.paths.output_dir))
 
-    def draw_until_informative(self, ro: StepRollouts, rw: StepRewards) -> tuple[StepRollouts, StepRewards, tuple]:
-        """Dynamic sampling (step/dynamic_sampling.py): more draws until B groups carry a signal, at most
-        ``max_draws`` in all (decided over all ranks, so collectives stay in step). Returns the step's
-        rollouts and rewards, and (groups without signal, groups drawn, draws) for the logs."""
-        flags = [informative_groups(rw, self.K)]
-        draws = [(ro, rw)]
-        need = len(ro.queries)
-        while (self.sampling.enabled and len(draws) < self.sampling.max_draws
-               and D.global_max(float(need - sum(int(f.sum()) for f in flags))) > 0):
-            extra = extra_batch(self._extra_stream(), self.score_step, len(draws), self.sampling.max_draws)
-            more = self.rollout(list(extra["prompt"]), [str(i) for i in extra["id"]], rubric_of=ro.rubrics)
-            more_rw = self.score(more)
-            draws.append((more, more_rw))
-            flags.append(informative_groups(more_rw, self.K))
-        drawn = (float(sum(int((~f).sum()) for f in flags)), float(sum(len(f) for f in flags)), float(len(draws)))
-        if len(draws) == 1:
-            return ro, rw, drawn
-        ro, rw = merge_draws(draws, pick_groups([f.tolist() for f in flags], need), self.K)
-        return ro, rw, drawn
-
     def _extra_stream(self):
         """The extra draws' own query stream (training queries in another order; see ``extra_batch``)."""
         if getattr(self, "_extra", None) is None:
@@ -231,10 +192,6 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, LightningModule):
             self._extra = QueryStream(dm.queries, dm.batch_size, int(self.cfg.seed) + EXTRA_STREAM_SEED, 0,
                                       self.global_rank, self.trainer.world_size)
         return self._extra
-
-    def _release_caches(self) -> None:
-        for engine in (self.engine, self.evaluator_engine):  # rollouts done: drop the HF engines' stored KV caches
-            getattr(engine, "release_cache", lambda: None)()
 
     def _reports(self, rw: StepRewards) -> list[list[str | None]]:
         return [[a.answer for a in rw.answers[i:i + self.K]] for i in range(0, len(rw.answers), self.K)]

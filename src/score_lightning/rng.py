@@ -34,3 +34,15 @@ def seed_rank(seed: int, rank: int) -> None:
     torch.manual_seed(s)
     np.random.seed(s % 2**32)
     random.seed(s)
+
+
+def seed_request(seed: int, step: int) -> int:
+    """Seed torch, numpy and Python from ``(seed, step)`` alone: the asynchronous rollout worker does this
+    before generating step ``step``'s batch, so that batch is a pure function of the seed, the step and
+    the weights it was sampled with, whatever the worker generated before (exact resume)."""
+    words = np.random.SeedSequence([int(seed), int(step), 0x5C0BE]).generate_state(2)
+    s = (int(words[0]) << 32 | int(words[1])) & (2**63 - 1)
+    torch.manual_seed(s)
+    np.random.seed(int(words[0]))
+    random.seed(s)
+    return s

@@ -42,6 +42,11 @@ class BuildingHooks:
 
         if self.retriever is None:
             self.retriever = retriever_from_config(self.cfg.retriever, self.cfg.paths.cache_dir)
+        if self.prefetch is not None:  # rollout.mode=async: the worker loads its engines while the trainer sets up
+            from score_lightning.step.prefetch import worker_threads
+
+            self.prefetch.threads = worker_threads(getattr(self, "thread_plan", None))
+            self.prefetch.start(self.trainer.strategy.root_device)
         if self.engine is not None:
             return
         tok, kind = self.tokenizer, self.cfg.rollout.engine
@@ -59,6 +64,14 @@ class BuildingHooks:
             from score_lightning.rollout.scripted import ScriptedEngine
 
             self.engine = self.evaluator_engine = ScriptedEngine(tok, instantiate(self.cfg.rollout.responder))
+
+    def teardown(self, stage: str) -> None:
+        self.close_workers()
+
+    def close_workers(self) -> None:
+        """Stop the asynchronous rollout worker (``rollout.mode=async``); also called when fit raised."""
+        if self.prefetch is not None:
+            self.prefetch.close()
 
     def configure_optimizers(self):
         """The solver's AdamW and the evaluator's own (lr = alpha * lr): see :mod:`score_lightning.step.optimizers`."""

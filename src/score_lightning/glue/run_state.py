@@ -1,6 +1,6 @@
 """The run state beyond the weights, and how a checkpoint carries it: exact resume restores the step
 counter, data position, EMA baseline, scheduler statistics, harness state, fault counters, rubric
-buffers and every rank's RNG."""
+buffers, every rank's RNG and, under ``rollout.mode=async``, the batch the worker had in flight."""
 
 from __future__ import annotations
 
@@ -56,6 +56,8 @@ class RunStateHooks:
             # per-query rubric buffers live on the rank that saw the query: keep every rank's
             "rubric_source": D.gather_objects(self.rubric_source.state_dict()),
         }
+        if self.prefetch is not None:  # rollout.mode=async: the batch in flight, sampled by weights no longer held
+            checkpoint["score"]["async_rollouts"] = self.prefetch.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         s = checkpoint.get("score")
@@ -72,6 +74,8 @@ class RunStateHooks:
         for part in s.get("rubric_source") or []:
             merged.update(part)
         self.rubric_source.load_state_dict(merged)
+        if self.prefetch is not None and s.get("async_rollouts"):
+            self.prefetch.load_state_dict(s["async_rollouts"])
         per_rank = s.get("rng_per_rank") or [s["rng"]]
         self._pending_rng = per_rank[self.global_rank] if self.global_rank < len(per_rank) else s["rng"]
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None

@@ -50,10 +50,28 @@ def _cgroup_quota() -> float | None:
 
 @dataclass(frozen=True)
 class ThreadPlan:
-    """How many threads, and why (the log line)."""
+    """How many threads, and why (the log line). ``worker_threads``: the asynchronous rollout worker's
+    share (``rollout.mode=async``; 0 when there is no worker)."""
 
     threads: int
     reason: str
+    worker_threads: int = 0
+
+
+def split_for_worker(threads: int) -> tuple[int, int]:
+    """(trainer, worker) threads out of ``threads`` for ``rollout.mode=async``: the worker generates while
+    the trainer updates, so together they must not ask for more cores than one process had (2 -> 1 + 1,
+    3 -> 2 + 1). With a single thread both keep one: two threads in all (the log line says so)."""
+    worker = max(1, threads // 2)
+    return max(1, threads - worker), worker
+
+
+def with_worker(plan: ThreadPlan) -> ThreadPlan:
+    """``plan`` split between the trainer and the rollout worker (:func:`split_for_worker`)."""
+    trainer, worker = split_for_worker(plan.threads)
+    share = " (each keeps 1: 2 threads in all)" if plan.threads == 1 else ""
+    return ThreadPlan(trainer, f"{plan.reason}; rollout.mode=async: trainer {trainer} + rollout worker {worker} "
+                               f"of {plan.threads}{share}", worker)
 
 
 def plan_threads(setting: object, runs: int, local_processes: int, cores: int, env: dict[str, str]) -> ThreadPlan:
@@ -112,6 +130,8 @@ def apply_threads(cfg) -> ThreadPlan:
     procs = local_processes(devices, str(OmegaConf.select(cfg, "strategy.name")),
                             str(OmegaConf.select(cfg, "trainer.accelerator")))
     plan = plan_threads(t.get("num", "auto"), int(t.get("runs", 1)), procs, usable_cores(), dict(os.environ))
+    if str(OmegaConf.select(cfg, "rollout.mode") or "sync") == "async":
+        plan = with_worker(plan)
     torch.set_num_threads(plan.threads)
     ours = os.environ.get(_MARK)
     if os.environ.get("RAYON_NUM_THREADS") in (None, ours):

@@ -206,7 +206,7 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
     from score_lightning.launch.threads import apply_threads
 
     quiet_console()
-    apply_threads(cfg)
+    plan = apply_threads(cfg)
     from score_lightning.policy.cpu_memory import set_malloc_mmap_threshold
 
     set_malloc_mmap_threshold(OmegaConf.select(cfg, "trainer.malloc_mmap_threshold_mb"))
@@ -219,10 +219,14 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
     dm = QueryDataModule(cfg.data.queries_path, int(cfg.data.batch_size), int(cfg.seed), int(cfg.data.num_workers),
                          cfg.data.get("split", "train"))
     module = ScoreModule(cfg, model_path)
+    module.thread_plan = plan  # rollout.mode=async: the worker's share of the threads
     if module_hook is not None:
         module_hook(module)
     trainer = build_trainer(cfg, callbacks)
-    trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
+    try:
+        trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
+    finally:  # Lightning calls no module hook when fit raises: the rollout worker must not outlive the run
+        module.close_workers()
     if any(getattr(c, "preempted", False) is True for c in callbacks):  # whichever callback config put there
         raise Preempted()
     export = Path(cfg.paths.output_dir) / "export"

@@ -19,4 +19,9 @@ The update maths the stages share sits beside them: :mod:`~score_lightning.step.
 REINFORCE as pure tensor functions), :mod:`~score_lightning.step.rollout_correction` (engine-trainer
 importance weights, ``optim.rollout_correction``), :mod:`~score_lightning.step.batching` (PPO mini/micro
 batches with an exact global token mean) and :mod:`~score_lightning.step.optimizers` (both roles' AdamW).
+
+Stages 1-3 (and dynamic sampling's draws) are one unit, :mod:`~score_lightning.step.generation`, which the
+trainer runs under ``rollout.mode=sync`` and the rollout worker (:mod:`score_lightning.rollout.async_worker`)
+under ``async``; :mod:`~score_lightning.step.prefetch` is the trainer's side of that, and
+:mod:`~score_lightning.step.batch_codec` stores the batch in flight in a checkpoint.
 """

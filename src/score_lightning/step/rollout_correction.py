@@ -44,6 +44,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from score_lightning.rollout.modes import stale_rollouts
+
 __all__ = ["MODES", "ISWeights", "RolloutCorrection", "batch_correction", "behaviour_logprobs", "importance_weights",
            "mismatch_sums", "resolve_mode", "token_log_ratio", "weight_sums"]
 
@@ -61,15 +63,19 @@ AUTO_VLLM = "token_truncate"
 _LOG_RATIO_CLAMP = 20.0  # for the k3 statistic only, as in losses.k3_kl: exp(20) is already far outside any bound
 
 
-def resolve_mode(value: str, engine: str) -> str:
-    """``optim.rollout_correction`` as a mode: ``auto`` follows ``rollout.engine``.
+def resolve_mode(value: str, engine: str, stale: bool = False) -> str:
+    """``optim.rollout_correction`` as a mode: ``auto`` follows ``rollout.engine`` and ``rollout.mode``.
 
     ``auto`` is :data:`AUTO_VLLM` for vLLM and ``none`` for the HF and scripted engines: the HF engine
     samples from the trainer's own module, so behaviour and trainer log-probs are the same numbers
     and a correction would only add noise (the scripted engine's log-probs are a constant).
+    ``stale`` (``rollout.mode=async`` with ``rollout.max_staleness >= 1``): the HF worker's log-probs come
+    from an older policy version than the trainer's pi_old, so ``auto`` is :data:`AUTO_VLLM` there too
+    (the per-token weight pi_old / mu then also corrects the staleness, as AReaL's decoupled PPO does);
+    the scripted engine stays ``none``.
     """
     if value == "auto":
-        return AUTO_VLLM if engine == "vllm" else "none"
+        return AUTO_VLLM if engine == "vllm" or (stale and engine == "hf") else "none"
     if value not in MODES:
         raise ValueError(f"optim.rollout_correction={value!r}: allowed auto or one of {MODES}")
     return value
@@ -87,7 +93,7 @@ class RolloutCorrection:
     @classmethod
     def from_cfg(cls, cfg) -> "RolloutCorrection":
         o = cfg.optim
-        mode = resolve_mode(str(o.get("rollout_correction", "auto")), str(cfg.rollout.engine))
+        mode = resolve_mode(str(o.get("rollout_correction", "auto")), str(cfg.rollout.engine), stale_rollouts(cfg))
         lo = o.get("rollout_correction_clip_min")
         return cls(mode, None if lo is None else float(lo), float(o.get("rollout_correction_clip_max", 3.0)),
                    bool(cfg.loss.get("kl_is_weighted", False)))

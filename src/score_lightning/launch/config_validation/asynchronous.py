@@ -1,0 +1,37 @@
+"""``rollout.mode`` and ``rollout.max_staleness``: what the asynchronous rollout worker can run, refused by name
+before any model loads when it cannot."""
+
+from __future__ import annotations
+
+from score_lightning.launch.config_validation.topology import data_parallel_size
+from score_lightning.launch.config_validation.values import Checks, integer, one_of
+from score_lightning.rollout.modes import MODES
+
+
+def check_async(c: Checks) -> None:
+    if c.get("rollout.mode") is None and c.get("rollout.max_staleness") is None:
+        return  # a config from before rollout.mode: synchronous
+    c("rollout.mode", one_of(*MODES), "'sync' or 'async'")
+    c("rollout.max_staleness", integer(0), "an integer >= 0 (policy versions, i.e. SCORE steps, a trained batch "
+      "may lag behind the trainer; 0: synchronous training with the generation in the worker)")
+    if c.get("rollout.mode") != "async":
+        return
+    engine = c.get("rollout.engine")
+    if engine == "vllm":
+        c.add("rollout.mode=async with rollout=vllm: the vLLM engine lives in the trainer's process and the vLLM "
+              "callback pushes the weights into it after every step (and may put it to sleep during the update), "
+              "so a worker cannot generate beside the update; run the HF engine in the worker process (rollout=hf "
+              "rollout.mode=async), or rollout.mode=sync")
+    world = data_parallel_size(c.cfg)
+    if world > 1:
+        c.add(f"rollout.mode=async with {world} data-parallel processes: the step's one rubric and the "
+              "dynamic-sampling decisions are collectives over the training processes, which a worker process "
+              "cannot join; use one process (strategy=single) or rollout.mode=sync")
+    if c.get("strategy.name") == "fsdp":
+        c.add("rollout.mode=async with strategy=fsdp: the worker needs whole tensors, and FSDP's parameters are "
+              "shards; use strategy=single or rollout.mode=sync")
+    target = str(c.get("rubric._target_") or "")
+    if target.endswith("EvolvingRubrics"):
+        c.add("rollout.mode=async with rubric=evolving: its buffer of rubric items is edited both when rubrics are "
+              "written (in the worker) and when scores are observed (in the trainer), and two copies would diverge; "
+              "use rubric=score or rubric=given, or rollout.mode=sync")

@@ -1,0 +1,260 @@
+"""The asynchronous rollout worker (``rollout.mode=async``): a process of its own that generates SCORE step
+t+1's batch (evidence, rubric, K solver rollouts per query, scoring, rewards, dynamic sampling's draws)
+while the trainer updates on step t's.
+
+Why a process and not a thread: generation is Python-heavy (the agent loop, retrieval, parsing) and
+would hold the trainer's GIL; a process with its own model copy and its own CPU threads overlaps for
+real (two 1-thread torch processes on 2 cores take ~1.2x one alone, NOTES.md). It is started with
+``spawn`` (a fork of a process holding OpenMP threads and open files is not safe).
+
+What crosses, and when (:mod:`score_lightning.step.prefetch` is the trainer's side):
+
+* once: a :class:`WorkerSpec` (the resolved config, the model path, its CPU threads) and, for the HF
+  engine, shared-memory *slots* holding a copy of each trainable tensor (all weights, the top layers or
+  the LoRA adapters: whatever ``requires_grad``);
+* per batch: a :class:`GenerationRequest` (step, policy version, the queries, the harness state, the
+  dimension scheduler, the rubric source's state; a flag when the slots hold new weights), pickled by the
+  trainer before it moves on. The answer is a :class:`GeneratedBatch`.
+
+Determinism: before each batch the worker seeds its generators from ``(seed, step)`` (``rng.seed_request``),
+so the batch of step t is a pure function of the seed, t, the weights of its version and the states sent.
+The worker never outlives the trainer: it is a daemon, dies with its parent (``PR_SET_PDEATHSIG`` on Linux,
+and a watcher that polls the parent's pid), and ignores SIGTERM/SIGINT/SIGUSR1, which are the trainer's to
+handle (a preempted trainer still needs the in-flight batch for its checkpoint).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+from score_lightning.step.generation import GenerationHooks, stamp_policy_version
+
+log = logging.getLogger(__name__)
+
+#: how often the worker checks that its parent still lives while it waits for work
+PARENT_POLL_S = 0.5
+
+
+@dataclass
+class WorkerSpec:
+    """What the worker needs to build its engines: sent once, at start."""
+
+    cfg: dict  # the run's resolved config (OmegaConf.to_container)
+    model_path: str
+    tokenizer_path: str
+    threads: int  # torch intra-op threads of the worker (launch/threads.py splits threads.num)
+    parent_pid: int
+    device: str = "cpu"
+
+
+@dataclass
+class GenerationRequest:
+    """One batch to generate: the step it is for and the state the trainer had when it asked."""
+
+    step: int
+    version: int  # SCORE steps whose updates the weights hold (the trainer's score_step when it asked)
+    ids: list[str]
+    prompts: list[str]
+    harness_state: object  # HarnessState
+    scheduler: object  # DimensionScheduler (its hints shape the rubric prompt)
+    rubric_state: dict
+    weights: bool = False  # the slots hold this version's trainable tensors: copy them in first
+
+
+@dataclass
+class GeneratedBatch:
+    """A step's generated batch, as ``training_step`` consumes it; also what a checkpoint stores."""
+
+    step: int
+    version: int
+    ids: list[str]
+    prompts: list[str]
+    rollouts: object  # StepRollouts (every trajectory and rubric sample stamped with ``version``)
+    rewards: object  # StepRewards
+    drawn: tuple  # dynamic sampling's (groups without signal, groups drawn, draws)
+    rollout_s: float = 0.0
+    scoring_s: float = 0.0
+    info: dict = field(default_factory=dict)
+
+
+class WorkerHost(GenerationHooks):
+    """The attributes :class:`~score_lightning.step.generation.GenerationHooks` reads, built in the worker."""
+
+    def __init__(self, spec: WorkerSpec):
+        from hydra.utils import instantiate
+        from omegaconf import OmegaConf
+
+        from score_lightning.harness.state import HarnessState
+        from score_lightning.policy.models import load_tokenizer
+        from score_lightning.retrieval.from_config import retriever_from_config
+        from score_lightning.step.dynamic_sampling import DynamicSampling
+        from score_lightning.step.reward_assembly import RewardSettings
+        from score_lightning.step.rollouts import RolloutSettings
+
+        cfg = self.cfg = OmegaConf.create(spec.cfg)
+        self.spec = spec
+        self.K = int(cfg.solver.num_rollouts)
+        self.score_step = 0
+        self.tokenizer = load_tokenizer(spec.tokenizer_path, chat_template=cfg.model.get("chat_template"))
+        self.retriever = retriever_from_config(cfg.retriever, cfg.paths.cache_dir)
+        self.rubric_source = instantiate(cfg.rubric, _convert_="all")
+        self.rollout_settings = RolloutSettings.from_cfg(cfg)
+        self.reward_settings = RewardSettings.from_cfg(cfg)
+        self.sampling = DynamicSampling.from_cfg(cfg)
+        self.harness_state = HarnessState.from_dict(OmegaConf.to_container(cfg.harness.initial_state, resolve=True))
+        self.scheduler = None
+        self.models: dict = {}  # role -> module (HF engine only)
+        self.slots: dict = {}  # role -> {name: shared tensor}, set by the trainer's first message
+        self._extra = None
+        self.engine, self.evaluator_engine = self._engines()
+
+    def _engines(self):
+        c, tok = self.cfg, self.tokenizer
+        if c.rollout.engine == "scripted":
+            from hydra.utils import instantiate
+
+            from score_lightning.rollout.scripted import ScriptedEngine
+
+            engine = ScriptedEngine(tok, instantiate(c.rollout.responder))
+            return engine, engine
+        if c.rollout.engine != "hf":
+            raise ValueError(f"rollout.mode=async has no worker for rollout.engine={c.rollout.engine!r}")
+        from score_lightning.policy.models import load_policy
+        from score_lightning.rollout.hf_engine import HFEngine, fast_forward_options
+
+        m, top = c.model, c.model.get("trainable_layers")
+        solver = load_policy(self.spec.model_path, m.dtype, False, lora=m.get("lora"), trainable_layers=top)
+        evaluator = solver if bool(c.actor.shared) else load_policy(self.spec.model_path, m.dtype, False,
+                                                                   trainable_layers=top)
+        self.models = {"solver": solver, "evaluator": evaluator}
+        for model in {id(x): x for x in self.models.values()}.values():
+            model.requires_grad_(False)
+            model.to(self.spec.device)
+        args = (tok.pad_token_id, tok.eos_token_id, tok, int(c.rollout.max_batch_size), False)
+        ff = fast_forward_options(c.rollout)
+        return HFEngine(lambda: solver, *args, **ff), HFEngine(lambda: evaluator, *args, **ff)
+
+    def _extra_stream(self):
+        """Dynamic sampling's own query stream, as the trainer's (one process: rank 0 of 1)."""
+        if self._extra is None:
+            from score_lightning.data.datamodule import QueryStream
+            from score_lightning.data.queries import load_queries
+            from score_lightning.step.dynamic_sampling import EXTRA_STREAM_SEED
+
+            d = self.cfg.data
+            self._extra = QueryStream(load_queries(d.queries_path, d.get("split", "train")), int(d.batch_size),
+                                      int(self.cfg.seed) + EXTRA_STREAM_SEED, 0, 0, 1)
+        return self._extra
+
+    def load_weights(self) -> None:
+        """Copy the slots into the models in place (which also invalidates the HF engines' stored KV caches)."""
+        import torch
+
+        with torch.no_grad():
+            for role, slots in self.slots.items():
+                params = dict(self.models[role].named_parameters())
+                for name, tensor in slots.items():
+                    params[name].copy_(tensor)
+
+    def generate(self, req: GenerationRequest) -> GeneratedBatch:
+        from score_lightning.rng import seed_request
+
+        if req.weights:
+            self.load_weights()
+        self.harness_state, self.scheduler = req.harness_state, req.scheduler
+        self.rubric_source.load_state_dict(req.rubric_state)
+        self.score_step = req.step
+        seed_request(int(self.cfg.seed), req.step)
+        t0 = time.perf_counter()
+        with self._precision():
+            ro = self.rollout(list(req.prompts), list(req.ids))
+            t1 = time.perf_counter()
+            rw = self.score(ro)
+            ro, rw, drawn = self.draw_until_informative(ro, rw)
+        stamp_policy_version(ro, req.version)
+        return GeneratedBatch(req.step, req.version, list(req.ids), list(req.prompts), ro, rw, drawn,
+                              t1 - t0, time.perf_counter() - t1,
+                              {"pid": os.getpid(), "harness_version": int(getattr(req.harness_state, "version", -1))})
+
+    def _precision(self):
+        """The trainer's autocast, when its precision is bf16-mixed (its own generation would run under it)."""
+        if str(self.cfg.trainer.precision) != "bf16-mixed" or not self.models:
+            return nullcontext()
+        import torch
+
+        return torch.autocast(self.spec.device.split(":")[0], dtype=torch.bfloat16)
+
+
+def worker_main(spec: WorkerSpec, requests, results) -> None:
+    """The worker's loop: build, say ready, then answer each request in order until ``None`` (or the parent dies)."""
+    _follow_parent(spec.parent_pid)
+    for name in ("SIGTERM", "SIGINT", "SIGUSR1"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    os.environ["OMP_NUM_THREADS"] = os.environ["RAYON_NUM_THREADS"] = str(spec.threads)
+    import torch
+
+    torch.set_num_threads(spec.threads)
+    try:
+        from score_lightning.launch.console import quiet_console
+
+        quiet_console()  # no weight-loading bars from the worker either
+        host = WorkerHost(spec)
+    except BaseException:  # noqa: BLE001 - the trainer raises it with this traceback
+        results.put(("error", traceback.format_exc()))
+        return
+    results.put(("ready", {"pid": os.getpid(), "threads": torch.get_num_threads()}))
+    while True:
+        msg = _next(requests, spec.parent_pid)
+        if msg is None:
+            return
+        kind, payload = msg
+        if kind == "slots":
+            host.slots = payload
+            continue
+        try:
+            results.put(("batch", host.generate(pickle.loads(payload))))
+        except BaseException:  # noqa: BLE001
+            results.put(("error", traceback.format_exc()))
+
+
+def _next(requests, parent_pid: int):
+    """The next message; ``None`` on the trainer's ``None`` or when the trainer is gone."""
+    while True:
+        try:
+            return requests.get(timeout=PARENT_POLL_S)
+        except queue.Empty:
+            if os.getppid() != parent_pid:
+                return None
+
+
+def _follow_parent(parent_pid: int) -> None:
+    """Die with the trainer even when it is SIGKILLed (no atexit runs then): the kernel's parent-death
+    signal where Linux offers it, and a thread that polls the parent's pid everywhere."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(0)
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_POLL_S)
+            if os.getppid() != parent_pid:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()

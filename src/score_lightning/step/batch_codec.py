@@ -1,0 +1,93 @@
+"""A generated batch as plain checkpoint values, and back: the in-flight batch of ``rollout.mode=async``.
+
+Why: checkpoints are loaded with ``torch.load(weights_only=True)`` (``policy/checkpoint_io.py``), which
+refuses arbitrary pickled objects, and a resumed asynchronous run must train exactly the batch the
+interrupted one would have (it was sampled with weights the checkpoint no longer holds). So the batch is
+stored as nested dicts, lists, strings, numbers and tensors only: every dataclass becomes its import path
+and its attributes. Decoding rebuilds only dataclasses defined in ``score_lightning`` itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+_PACKAGE = "score_lightning."
+
+
+def encode(obj: Any, where: str = "batch") -> Any:
+    """``obj`` as checkpoint-safe values; a type it cannot store raises ``TypeError`` naming where it sits."""
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    if isinstance(obj, float):
+        return {"__float__": repr(obj)} if not math.isfinite(obj) else obj
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().clone()
+    if isinstance(obj, np.ndarray):
+        return {"__ndarray__": torch.from_numpy(np.ascontiguousarray(obj))}
+    if isinstance(obj, np.generic):
+        return encode(obj.item(), where)
+    if isinstance(obj, list):
+        return [encode(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return {"__tuple__": [encode(v, f"{where}[{i}]") for i, v in enumerate(obj)]}
+    if isinstance(obj, (set, frozenset)):
+        return {"__set__": [encode(v, where) for v in sorted(obj, key=repr)], "frozen": isinstance(obj, frozenset)}
+    if isinstance(obj, dict):
+        return {"__map__": [[encode(k, where), encode(v, f"{where}[{k!r}]")] for k, v in obj.items()]}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        cls = type(obj)
+        if not cls.__module__.startswith(_PACKAGE):
+            raise TypeError(f"{where}: dataclass {cls.__module__}.{cls.__qualname__} is outside score_lightning")
+        fields = dataclasses.fields(obj)
+        state = vars(obj) if hasattr(obj, "__dict__") else {f.name: getattr(obj, f.name) for f in fields}
+        return {"__dataclass__": f"{cls.__module__}:{cls.__qualname__}",
+                "fields": {k: encode(v, f"{where}.{k}") for k, v in state.items()}}
+    raise TypeError(f"{where}: cannot store a {type(obj).__module__}.{type(obj).__qualname__} in a checkpoint")
+
+
+def decode(data: Any) -> Any:
+    """The inverse of :func:`encode`."""
+    if isinstance(data, list):
+        return [decode(v) for v in data]
+    if not isinstance(data, dict):
+        return data
+    if "__float__" in data:
+        return float(data["__float__"])
+    if "__ndarray__" in data:
+        return data["__ndarray__"].numpy()
+    if "__tuple__" in data:
+        return tuple(decode(v) for v in data["__tuple__"])
+    if "__set__" in data:
+        items = [decode(v) for v in data["__set__"]]
+        return frozenset(items) if data.get("frozen") else set(items)
+    if "__map__" in data:
+        return {decode(k): decode(v) for k, v in data["__map__"]}
+    if "__dataclass__" in data:
+        cls = _dataclass(data["__dataclass__"])
+        obj = object.__new__(cls)
+        fields = {k: decode(v) for k, v in data["fields"].items()}
+        if hasattr(obj, "__dict__"):
+            obj.__dict__.update(fields)  # also frozen dataclasses: their __init__ is bypassed, as pickle does
+        else:
+            for k, v in fields.items():
+                object.__setattr__(obj, k, v)
+        return obj
+    raise ValueError(f"not an encoded batch value: keys {sorted(data)}")
+
+
+def _dataclass(path: str) -> type:
+    module, _, name = path.partition(":")
+    if not module.startswith(_PACKAGE):
+        raise ValueError(f"refusing to rebuild {path!r}: only score_lightning dataclasses are stored")
+    obj: Any = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):
+        raise ValueError(f"{path!r} is not a dataclass")
+    return obj

@@ -1,0 +1,102 @@
+"""Stages 1-3 as one unit: what a SCORE step *generates* (evidence, rubric, K solver rollouts per query,
+scoring, the rewards, and dynamic sampling's extra draws).
+
+Why a mixin: the trainer runs it in ``training_step`` under ``rollout.mode=sync``, and the asynchronous
+rollout worker (:mod:`score_lightning.rollout.async_worker`) runs the very same methods in its own
+process under ``rollout.mode=async``. One copy of the code is what makes ``rollout.max_staleness=0``
+reproduce synchronous training exactly. A host provides ``cfg``, ``K``, ``engine``, ``evaluator_engine``,
+``tokenizer``, ``retriever``, ``harness_state``, ``scheduler``, ``rubric_source``, ``rollout_settings``,
+``reward_settings``, ``sampling``, ``score_step`` and ``_extra_stream()``.
+"""
+
+from __future__ import annotations
+
+from score_lightning import distributed as D
+from score_lightning.rubrics.base import RubricContext
+from score_lightning.step.dynamic_sampling import extra_batch, informative_groups, merge_draws, pick_groups
+from score_lightning.step.reward_assembly import StepRewards, assemble_rewards, parse_answers
+from score_lightning.step.rollouts import initial_evidence, scoring_rollouts, solver_rollouts
+from score_lightning.step.rule_rewards import rule_step_rewards
+from score_lightning.step.types import StepRollouts, StepRubric
+
+#: where each trajectory (``Trajectory.meta``) and rubric sample records the policy version that sampled it
+POLICY_VERSION = "policy_version"
+
+
+def stamp_policy_version(ro: StepRollouts, version: int) -> None:
+    """Record on every trajectory and rubric sample of ``ro`` which weights sampled it: the number of SCORE
+    steps whose updates they hold (DESIGN lesson 9: asynchronous resume needs it; staleness is read from it)."""
+    for t in (*ro.solver, *ro.scoring):
+        t.meta[POLICY_VERSION] = int(version)
+    for sample, _ in ro.rubrics.samples:
+        sample.policy_version = int(version)
+
+
+def trajectory_versions(ro: StepRollouts) -> list[int]:
+    """The recorded policy versions of what the solver update trains (its trajectories) and REINFORCE
+    trains (the rubric samples); a trajectory without a record is left out."""
+    versions = [t.meta[POLICY_VERSION] for t in ro.solver if POLICY_VERSION in t.meta]
+    versions += [s.policy_version for s, _ in ro.rubrics.samples if s.policy_version is not None]
+    return [int(v) for v in versions]
+
+
+class GenerationHooks:
+    """``rubric_context``, ``rollout``, ``score`` and ``draw_until_informative``: the generating stages of a step."""
+
+    def rubric_context(self) -> RubricContext:
+        return RubricContext(self.evaluator_engine, self.tokenizer, self.retriever, self.harness_state, self.scheduler,
+                             int(self.cfg.evaluator.max_prompt_tokens), float(self.cfg.evaluator.temperature))
+
+    def rollout(self, queries: list[str], query_ids: list[str] | None = None,
+                rubric_of: StepRubric | None = None) -> StepRollouts:
+        """Stages 1-2: evidence, the step's rubrics (from the configured source; ``rubric_of``: a dynamic-sampling
+        draw reuses that step's rubric, with nothing new to train), K solver rollouts per query."""
+        ids = [str(i) for i in (query_ids if query_ids is not None else range(len(queries)))]
+        evidence, errors = initial_evidence(self.retriever, queries, int(self.cfg.solver.topk))
+        if rubric_of is None:
+            rubrics = self.rubric_source.step_rubrics(self.rubric_context(), queries, ids, evidence)
+        else:
+            rubrics = StepRubric([rubric_of.first] * len(queries), [], rubric_of.valid, rubric_of.error,
+                                 fallback=[bool(rubric_of.fallback and rubric_of.fallback[0])] * len(queries))
+        solver = solver_rollouts(self.engine, self.tokenizer, self.retriever, queries, rubrics.per_query,
+                                 self.harness_state, self.rollout_settings)
+        return StepRollouts(list(queries), rubrics, evidence, errors, solver, query_ids=ids)
+
+    def score(self, ro: StepRollouts) -> StepRewards:
+        """Stages 2-3: the evaluator scores the K reports of each query; rewards with gates and verifier."""
+        answers = parse_answers(ro.solver, self.tokenizer, self.reward_settings)
+        if self.reward_settings.source == "rule":  # the known-good reward: no evaluator, no scoring rollouts
+            ro.scoring = []
+            self._release_caches()
+            return rule_step_rewards(answers, ro, self.K, self.reward_settings.rule_quality)
+        reports = [[a.answer if a.answer else None for a in answers[i:i + self.K]] for i in range(0, len(answers), self.K)]
+        sources = [[t.retrieved_ids for t in ro.solver[i:i + self.K]] for i in range(0, len(ro.solver), self.K)]
+        ro.scoring = scoring_rollouts(self.evaluator_engine, self.tokenizer, self.retriever, ro.queries, reports,
+                                      ro.rubrics.per_query, self.harness_state, self.rollout_settings, sources)
+        self._release_caches()
+        return assemble_rewards(answers, ro.scoring, ro.rubrics.per_query, self.harness_state, self.K,
+                                self.reward_settings, self.tokenizer)
+
+    def draw_until_informative(self, ro: StepRollouts, rw: StepRewards) -> tuple[StepRollouts, StepRewards, tuple]:
+        """Dynamic sampling (step/dynamic_sampling.py): more draws until B groups carry a signal, at most
+        ``max_draws`` in all (decided over all ranks, so collectives stay in step). Returns the step's
+        rollouts and rewards, and (groups without signal, groups drawn, draws) for the logs."""
+        flags = [informative_groups(rw, self.K)]
+        draws = [(ro, rw)]
+        need = len(ro.queries)
+        while (self.sampling.enabled and len(draws) < self.sampling.max_draws
+               and D.global_max(float(need - sum(int(f.sum()) for f in flags))) > 0):
+            extra = extra_batch(self._extra_stream(), self.score_step, len(draws), self.sampling.max_draws)
+            more = self.rollout(list(extra["prompt"]), [str(i) for i in extra["id"]], rubric_of=ro.rubrics)
+            more_rw = self.score(more)
+            draws.append((more, more_rw))
+            flags.append(informative_groups(more_rw, self.K))
+        drawn = (float(sum(int((~f).sum()) for f in flags)), float(sum(len(f) for f in flags)), float(len(draws)))
+        if len(draws) == 1:
+            return ro, rw, drawn
+        ro, rw = merge_draws(draws, pick_groups([f.tolist() for f in flags], need), self.K)
+        return ro, rw, drawn
+
+    def _release_caches(self) -> None:
+        for engine in (self.engine, self.evaluator_engine):  # rollouts done: drop the HF engines' stored KV caches
+            getattr(engine, "release_cache", lambda: None)()
