@@ -68,17 +68,18 @@ def cell_dir(out: Path, cond: str, tag: str, seed: int) -> Path:
 
 
 def heldout_card(model: Path, out: Path, samples: int, settings_of: Path | None = None,
-                 threads: int | None = None) -> dict:
+                 threads: int | None = None, greedy: bool = False) -> dict:
     """Sampled held-out card of ``model`` (cached in ``out``); ``settings_of``: a run export whose prompt, budgets,
-    temperature and reward rule the rollouts take (the cold start's card is made under a run's settings)."""
+    temperature and reward rule the rollouts take (the cold start's card is made under a run's settings).
+    ``greedy``: one greedy rollout per query instead (the secondary card)."""
     card = out / "heldout.card.json"
     if not card.is_file():
         out.mkdir(parents=True, exist_ok=True)
         arts = out / "heldout.jsonl"
         flags = ["--run-config", str(settings_of / "run_config.json")] if settings_of is not None else []
+        flags += ["--samples", "1", "--temperature", "0"] if greedy else ["--samples", str(samples)]
         run_logged([sys.executable, "scripts/evaluate.py", "--model", str(model), "--queries", "embedded", "--split",
-                    "heldout", "--out", str(arts), "--samples", str(samples), "--no-progress", *flags],
-                   out / "generate.log", threads)
+                    "heldout", "--out", str(arts), "--no-progress", *flags], out / "generate.log", threads)
         run_logged([sys.executable, "scripts/evaluate.py", "card", "--articles", str(arts), "--out", str(card)],
                    out / "card.log", threads)
     return json.loads(card.read_text())
@@ -105,9 +106,11 @@ def run_cell(cond: str, seed: int, horizons: list[int], out: Path, tag: str, ext
     if train_only:
         return None
     cards = {h: card_values(heldout_card(e, run / f"card_s{h}", samples, threads=threads)) for h, e in exports.items()}
+    last = max(horizons)
+    greedy = card_values(heldout_card(exports[last], run / f"card_s{last}_greedy", 1, threads=threads, greedy=True))
     cold = json.loads((exports[max(horizons)] / "run_config.json").read_text()).get("cold_start_model")
     result = {"condition": cond, "seed": seed, "tag": tag, "set": extra, "horizons": sorted(horizons),
-              "train": training_summary(run), "heldout": {str(h): c for h, c in cards.items()},
+              "train": training_summary(run), "heldout": {str(h): c for h, c in cards.items()}, "heldout_greedy": greedy,
               "export": str(exports[max(horizons)]), "cold_start_model": cold or _model_path(run)}
     done.write_text(json.dumps(result, indent=1))
     return result
@@ -194,6 +197,9 @@ def main() -> int:
             if settings_diff(mine, cold.get("settings")):
                 raise SystemExit(f"{r['condition']}:{r['seed']} at {h} steps was carded under other settings than "
                                  f"the cold start: {describe_diff(mine, cold.get('settings'))}")
+    cold["greedy"] = card_values(heldout_card(Path(results[0]["cold_start_model"]),
+                                              out / f"cold_start_greedy@{args.tag or 'default'}", 1, settings_of=ref,
+                                              threads=args.threads, greedy=True))
     fresh = [r for r in results if r["seed"] not in args.tuning_seeds]
     tuned = [r for r in results if r["seed"] in args.tuning_seeds]
     text = report(fresh, cold, conditions, horizons)

@@ -93,7 +93,8 @@ def training_summary(run: Path) -> dict:
     for key, tag in (("score_gap_mean", "evaluator/score_gap_valid_invalid"),
                      ("ungrounded_mean", "solver/ungrounded_citation_rate"),
                      ("zero_variance_mean", "solver/zero_variance_group_rate"),
-                     ("draws_mean", "solver/sampling_draws")):
+                     ("draws_mean", "solver/sampling_draws"),
+                     ("rank_tau_mean", "evaluator/rank_tau_valid")):
         vals = [v for v in sc.get(tag, []) if math.isfinite(v)]
         out[key] = mean(vals) if vals else math.nan
     out["steps"] = len(sc.get("solver/reward_mean", []))

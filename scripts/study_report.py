@@ -51,6 +51,12 @@ def delta(r: dict, cold: dict, horizon: int, key: str = "grounded_valid") -> flo
     return v - c if v is not None and c is not None else math.nan
 
 
+def greedy_delta(r: dict, cold: dict, key: str = "grounded_valid") -> float:
+    """The greedy card's change (one greedy rollout per query), when both sides have one."""
+    v, c = (r.get("heldout_greedy") or {}).get(key), (cold.get("greedy") or {}).get(key)
+    return v - c if v is not None and c is not None else math.nan
+
+
 def _by(results: list[dict]) -> dict[tuple[str, int], dict]:
     return {(r["condition"], r["seed"]): r for r in results}
 
@@ -68,17 +74,19 @@ def report(results: list[dict], cold: dict, conditions: list[str], horizons: lis
     last = max(horizons)
     conds = [c for c in conditions if any(r["condition"] == c for r in results)]
     head = (["condition", "seeds"] + [f"Δ grounded valid @{h}" for h in horizons]
-            + [f"Δ citation precision @{last}", f"Δ format valid @{last}", "reward slope /100 steps",
-               "validity-part slope /100 steps", "zero-variance groups", "score gap valid − invalid"])
+            + [f"Δ citation precision @{last}", f"Δ format valid @{last}", f"Δ greedy grounded valid @{last}",
+               "reward slope /100 steps", "validity-part slope /100 steps", "zero-variance groups",
+               "score gap valid − invalid", "within-group τ (valid)"])
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for c in conds:
         rows = [r for r in results if r["condition"] == c]
         cells = [c, str(len(rows))] + [fmt([delta(r, cold, h) for r in rows]) for h in horizons]
         cells += [fmt([delta(r, cold, last, "citation_precision") for r in rows]),
-                  fmt([delta(r, cold, last, "format_valid") for r in rows]),
+                  fmt([delta(r, cold, last, "format_valid") for r in rows]), fmt([greedy_delta(r, cold) for r in rows]),
                   fmt([r["train"]["reward_slope"] for r in rows]), fmt([r["train"]["validity_slope"] for r in rows]),
                   fmt([r["train"].get("zero_variance_mean", math.nan) for r in rows]),
-                  fmt([r["train"].get("score_gap_mean", math.nan) for r in rows])]
+                  fmt([r["train"].get("score_gap_mean", math.nan) for r in rows]),
+                  fmt([r["train"].get("rank_tau_mean", math.nan) for r in rows])]
         lines.append("| " + " | ".join(cells) + " |")
     cold_line = (f"Cold start (the same held-out rollouts and settings): grounded valid {cold.get('grounded_valid', math.nan):.3f}, "
                  f"format valid {cold.get('format_valid', math.nan):.3f}, citation precision "

@@ -54,7 +54,7 @@ def test_bench_learning_pipeline_produces_a_complete_table(tmp_path):
                           capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| rule |") or line.startswith("| frozen_solver |")]
-    assert len(rows) == 2 and all(len(r.strip("|").split("|")) == 10 for r in rows), rows
+    assert len(rows) == 2 and all(len(r.strip("|").split("|")) == 12 for r in rows), rows
     line = re.compile(r"condition=(\w+) seeds=1 heldout_valid_delta=([+-]\d+\.\d{3}) heldout_valid_delta_ci=\[nan,nan\] "
                       r"reward_slope=([+-]\d+\.\d{3}|nan) reward_slope_ci=\[nan,nan\]$")
     found = [m.group(1) for m in map(line.match, proc.stdout.splitlines()) if m]
