@@ -174,3 +174,33 @@ def test_an_unloadable_hub_model_is_one_error_block_naming_the_key(tmp_path, off
     assert "error: model.name_or_path='Qwen/Qwen2.5-0.5B-Instruct' cannot load:" in proc.stderr
     assert says in proc.stderr and "fix: point it at a local checkpoint directory" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_scheduler_before_optimiser_warning_is_filtered_and_still_matches_torch():
+    """Schedules count SCORE steps, so a step without an optimiser step (the evaluator's every U steps) still
+    steps them: torch's advice is not for this trainer. If torch rewords it, the filter stops matching: this fails."""
+    import ast
+    import inspect
+    import re
+    import warnings
+
+    import torch.optim.lr_scheduler as lrs
+
+    from score_lightning.launch.console import SCHEDULER_FIRST_WARNING, quiet_console
+
+    literals = [n.value for n in ast.walk(ast.parse(inspect.getsource(lrs)))
+                if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    assert any(re.match(SCHEDULER_FIRST_WARNING, s) for s in literals)
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        sched.step()  # unfiltered: torch warns
+    assert any(re.match(SCHEDULER_FIRST_WARNING, str(w.message)) for w in seen)
+    sched = torch.optim.lr_scheduler.LambdaLR(torch.optim.AdamW(model.parameters(), lr=1e-3), lambda s: 1.0)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_console()
+        sched.step()
+    assert not [w for w in seen if re.match(SCHEDULER_FIRST_WARNING, str(w.message))]

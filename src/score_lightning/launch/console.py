@@ -9,6 +9,8 @@ import warnings
 #: the start of Lightning's ModelCheckpoint warning under manual optimisation (a regex for ``warnings``)
 MANUAL_CHECKPOINT_WARNING = (r"Using ModelCheckpoint with manual optimization and every_n_train_steps, but no "
                              r"pre-optimization state was saved")
+#: torch's warning when a scheduler steps before its optimiser ever has (a regex for ``warnings``)
+SCHEDULER_FIRST_WARNING = r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`"
 
 
 class _DropTips(logging.Filter):
@@ -34,6 +36,9 @@ def quiet_console() -> None:
     # ModelCheckpoint under manual optimisation: the state *after* the update is what exact resume needs
     # (docs/RELIABILITY.md), so its 14-line advice to save the pre-update state is not for this trainer
     warnings.filterwarnings("ignore", message=MANUAL_CHECKPOINT_WARNING, category=UserWarning)
+    # schedules count SCORE steps (optim.warmup_steps is in steps), so they step every SCORE step even when
+    # an optimiser did not: the evaluator's every U steps, the solver's when no group was informative
+    warnings.filterwarnings("ignore", message=SCHEDULER_FIRST_WARNING, category=UserWarning)
     try:
         from transformers.utils import logging as hf_logging
 
