@@ -58,3 +58,12 @@ class RecordingCallback(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         RecordingCallback.batch_ends.append(int(pl_module.score_step))
+
+
+def process_alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (a reaped or exited worker is not alive)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")

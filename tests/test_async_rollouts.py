@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import FAST, compose, read_scalars
+from helpers import FAST, compose, process_alive, read_scalars
 from test_grounded_rewards import Recorder
 
 SCRIPTED = ["rollout=scripted", "solver.max_response_tokens=200", "evaluator.max_response_tokens=400",
@@ -176,16 +176,9 @@ def test_the_worker_stops_when_the_run_raises(tmp_path, tiny_ckpt, corpus_file):
              hook=lambda m: seen.setdefault("m", m))
     prefetch = seen["m"].prefetch
     assert prefetch.pid is not None and prefetch.proc is None
-    assert not _alive(prefetch.pid)
+    assert not process_alive(prefetch.pid)
 
 
-def _alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (a reaped or exited worker is not alive)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
 
 
 def test_the_batch_codec_round_trips_a_step_and_refuses_foreign_types(tmp_path, tiny_ckpt, corpus_file):

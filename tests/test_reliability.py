@@ -14,7 +14,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-from helpers import FAST, ROOT, compose, read_scalars
+from helpers import FAST, ROOT, compose, process_alive, read_scalars
 from score_lightning.policy.checkpoint_io import CheckpointError, atomic_torch_save, validate_checkpoint
 
 
@@ -219,13 +219,6 @@ def test_sigterm_saves_exits_75_and_resume_completes(tmp_path, tiny_ckpt, mode):
 
 
 # ---------------------------------------------------------------- SIGKILL under asynchronous rollouts
-def _alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
 
 
 def test_sigkill_during_an_async_run_resumes_to_the_uninterrupted_run(tmp_path, tiny_ckpt):
@@ -257,9 +250,9 @@ def test_sigkill_during_an_async_run_resumes_to_the_uninterrupted_run(tmp_path, 
         proc.kill()
     assert proc.returncode == -signal.SIGKILL and worker is not None
     deadline = time.time() + 10
-    while _alive(worker) and time.time() < deadline:
+    while process_alive(worker) and time.time() < deadline:
         time.sleep(0.1)
-    assert not _alive(worker), "the rollout worker outlived its SIGKILLed trainer"
+    assert not process_alive(worker), "the rollout worker outlived its SIGKILLed trainer"
     ckpts = list((logs / "killed").rglob("checkpoints/last.ckpt"))
     assert len(ckpts) == 1 and 1 <= torch.load(ckpts[0], weights_only=True)["score"]["score_step"] <= 3
     done = subprocess.run(cli + ["task_name=killed", "ckpt_path=last"], cwd=ROOT, capture_output=True, text=True,
