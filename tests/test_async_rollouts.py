@@ -219,8 +219,9 @@ def test_async_combinations_are_refused_by_name():
 
     validate_config(compose(["experiment=tiny_score", "rollout.mode=async"]))  # the supported recipe
     validate_config(compose(["experiment=tiny_score", "rollout.mode=async", "solver.dynamic_sampling.enabled=true"]))
-    for extra, says in ((["rollout=vllm"], "rollout.mode=async with rollout=vllm: the vLLM engine lives in the "
-                                           "trainer's process"),
+    validate_config(compose(["experiment=tiny_score", "rollout=vllm", "rollout.mode=async"]))  # the worker's own vLLM
+    for extra, says in ((["rollout=vllm", "rollout.enable_sleep_mode=true"],
+                         "rollout.mode=async with rollout.enable_sleep_mode=true: the worker's vLLM engine generates"),
                         (["strategy=ddp", "trainer.devices=2", "data.batch_size=2", "optim.mini_batch_size=2"],
                          "rollout.mode=async with 2 data-parallel processes"),
                         (["strategy=fsdp", "trainer.devices=1"], "rollout.mode=async with strategy=fsdp"),
@@ -244,3 +245,5 @@ def test_auto_rollout_correction_turns_on_for_stale_hf_batches_only():
     assert mode("rollout.mode=async", "rollout=scripted") == "none"  # the script's log-probs are a constant
     assert mode("rollout.mode=async", "optim.rollout_correction=none") == "none"  # an explicit mode stays
     assert resolve_mode("auto", "vllm") == "token_truncate" and resolve_mode("auto", "hf") == "none"
+    assert mode("rollout.mode=async", "rollout=vllm") == "token_truncate"  # vLLM's sampling log-probs, one version old
+    assert mode("rollout.mode=async", "rollout=vllm", "rollout.max_staleness=0") == "token_truncate"  # its kernels

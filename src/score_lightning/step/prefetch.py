@@ -164,7 +164,7 @@ class RolloutPrefetcher:
     def _push_weights(self, module, version: int) -> bool:
         """Copy the trainable tensors into the shared slots when they changed since the last push.
         Safe: one request in flight, and the worker copies the slots out before it starts generating."""
-        if self.cfg.rollout.engine != "hf" or self._pushed == version:
+        if self.cfg.rollout.engine not in ("hf", "vllm") or self._pushed == version:
             return False
         t0 = time.perf_counter()
         if self._sources is None:
@@ -203,8 +203,8 @@ class RolloutPrefetcher:
                                        f"{self.proc.exitcode}") from None
                 continue
             if kind == "ready":
-                log.info("rollout worker ready (pid %d, %d CPU thread%s)", payload["pid"], payload["threads"],
-                         "s" * (payload["threads"] != 1))
+                log.info("rollout worker ready (pid %d, engine %s, %d CPU thread%s)", payload["pid"],
+                         payload.get("engine", "?"), payload["threads"], "s" * (payload["threads"] != 1))
             elif kind == "error":
                 raise WorkerFailed(f"the rollout worker failed:\n{payload}")
             else:

@@ -1,5 +1,5 @@
 """``rollout.mode`` and ``rollout.max_staleness``: what the asynchronous rollout worker can run, refused by name
-before any model loads when it cannot."""
+before any model loads when it cannot. The worker runs the HF, vLLM (its own engine) or scripted engine."""
 
 from __future__ import annotations
 
@@ -16,12 +16,10 @@ def check_async(c: Checks) -> None:
       "may lag behind the trainer; 0: synchronous training with the generation in the worker)")
     if c.get("rollout.mode") != "async":
         return
-    engine = c.get("rollout.engine")
-    if engine == "vllm":
-        c.add("rollout.mode=async with rollout=vllm: the vLLM engine lives in the trainer's process and the vLLM "
-              "callback pushes the weights into it after every step (and may put it to sleep during the update), "
-              "so a worker cannot generate beside the update; run the HF engine in the worker process (rollout=hf "
-              "rollout.mode=async), or rollout.mode=sync")
+    if c.get("rollout.engine") == "vllm" and c.get("rollout.enable_sleep_mode") is True:
+        c.add("rollout.mode=async with rollout.enable_sleep_mode=true: the worker's vLLM engine generates the next "
+              "batch during the update, so it cannot sleep then; set rollout.enable_sleep_mode=false, or "
+              "rollout.mode=sync")
     world = data_parallel_size(c.cfg)
     if world > 1:
         c.add(f"rollout.mode=async with {world} data-parallel processes: the step's one rubric and the "
