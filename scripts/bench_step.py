@@ -104,12 +104,12 @@ def step_problems(steps: dict[str, list[dict]], forced_tokens: int | None = None
     return out
 
 
-def _generators(a, res: dict) -> str:
+def _generators(a, res: dict, length: str | None = None) -> str:
     r = res["ready"]
     if a.generator == "identical":
         return f"identical tokens (same seeds; ours {r['ours']['generator']}, TRL {r['trl']['generator']})"
     return (f"each its own (ours {r['ours']['generator']}, TRL {r['trl']['generator']}), every completion forced "
-            f"to {res['m']} tokens")
+            f"to {length or str(res['m']) + ' tokens'}")
 
 
 def _show(name: str, tag: str, r: dict) -> None:
@@ -178,7 +178,7 @@ def run_scaling(a) -> bool:
             print(f"  K={k} max_len={m}: ratio {res['ratio']:.3f}, peak ratio {res['peak_ratio']:.3f}, "
                   f"token-count differences {len(res['problems'])}; {bc.load_line()}", flush=True)
     print(f"\n{a.prompts} prompts x K completions; medians of {a.scaling_reps} alternating steps after {a.warmup} "
-          f"warm-up, per cell; generators: {_generators(a, rows[0])}\n")
+          f"warm-up, per cell; generators: {_generators(a, rows[0], 'the max response')}\n")
     print("| K | max response | completion tokens | ours step (s) | TRL step (s) | ratio | ours peak RSS (MiB) "
           "| TRL peak RSS (MiB) | peak ratio | equal work |")
     print("|---|---|---|---|---|---|---|---|---|---|")
