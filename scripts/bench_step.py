@@ -3,7 +3,7 @@
     HF_HUB_OFFLINE=1 python scripts/bench_step.py [--reps 5] [--k 4] [--prompts 4] [--max-completion 64]
                                                   [--scaling] [--logprobs fused|plain|legacy]
                                                   [--model tiny|smollm2_135m|PATH] [--gradient-checkpointing]
-                                                  [--share-prompt]
+                                                  [--share-prompt] [--generator identical|own]
 
 Both sides use the same checkpoint and tokenizer in float32 (``--model``: the tests' tiny checkpoint by
 default, a model preset such as ``smollm2_135m``, or a checkpoint directory), ``--threads`` torch threads each,
@@ -21,14 +21,25 @@ the run stops unless both have gradient checkpointing as asked, the same two sto
 mask's ``eos_token_ids`` and its ``generation_kwargs``), the same dtype and thread count and identical
 prompt ids. After every step both report their prompt and completion token counts and a digest of
 the completion ids; any difference is printed and the ratio is refused (``ratio_vs_trl=refused``).
-Both sides seed generation identically each step and sample with HF ``generate``, so they normally
-draw the very same tokens.
+
+**Generators** (``--generator``). ``identical`` (the default): both sides seed generation identically
+each step and sample with HF ``generate``'s sampling (ours inside its ``HFEngine``), so they normally
+draw the very same tokens; the count of steps with identical completion ids is printed. ``own``: each
+side generates with its own engine, unseeded: ours with the trainer's ``HFEngine`` (``rollout=hf``:
+in-place KV cache, each distinct prompt prefilled once for its K rows) at ``ignore_eos=True``, TRL
+with its ``unwrapped_model.generate`` at ``generation_kwargs={"min_new_tokens": max_completion}``.
+EOS and both stop ids are masked until the length on both sides, so every completion is forced to
+exactly ``max_completion`` tokens. Equal work is then: the same prompts (digest), both sides reporting
+that forced length before the first step, and at every step equal prompt and completion token counts,
+each side's completion tokens being exactly prompts x K x ``max_completion``. The completion ids
+differ between the sides in this mode, so their digests are not compared (neither mode requires them
+equal; only token counts are checked).
 
 A step runs from the step-begin hook (Lightning ``on_train_batch_start``, HF ``on_step_begin``) to
 the step-end hook (after the optimiser step); only one side computes at a time, alternating A B B A.
 The last line is ``ratio_vs_trl=X peak_ratio_vs_trl=Y equal_work=ok``: medians over repetitions of
 ours/TRL step time, and ours/TRL peak RSS (lower is better). ``--scaling`` first runs the same pair
-for K ∈ {2, 4, 8} × max response ∈ {64, 128, 256} (fresh workers per cell).
+for K ∈ {2, 4, 8} × max response ∈ {64, 128, 256} (fresh workers per cell), in either generator mode.
 """
 
 from __future__ import annotations
@@ -42,20 +53,25 @@ import bench_common as bc  # noqa: E402
 import bench_step_workers as bw  # noqa: E402
 
 #: settings both workers report before the first step; all must agree
-SETTINGS = ("gradient_checkpointing", "stop_ids", "dtype", "threads", "prompt_digest", "malloc")
+SETTINGS = ("gradient_checkpointing", "stop_ids", "dtype", "threads", "prompt_digest", "malloc", "forced_length")
 
 
 def _worker_argv(side: str, a, **over) -> list[str]:
     v = vars(a) | over
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker", side]
-    for key in ("reps", "warmup", "k", "prompts", "max_completion", "lr", "beta", "threads", "logprobs", "model"):
+    for key in ("reps", "warmup", "k", "prompts", "max_completion", "lr", "beta", "threads", "logprobs", "model",
+                "generator"):
         argv += [f"--{key.replace('_', '-')}", str(v[key])]
     return (argv + ["--gradient-checkpointing"] * bool(v["gradient_checkpointing"])
             + ["--share-prompt"] * bool(v.get("share_prompt")))
 
 
-def settings_problems(ready: dict[str, dict], gradient_checkpointing: bool = False) -> list[str]:
-    """Differences in the equal-work settings the workers reported before their first step."""
+def settings_problems(ready: dict[str, dict], gradient_checkpointing: bool = False,
+                      forced_length: int = 0) -> list[str]:
+    """Differences in the equal-work settings the workers reported before their first step.
+
+    ``forced_length``: the completion length both sides must force (``--generator own``: max_completion;
+    0: neither forces one)."""
     ours, trl = ready["ours"], ready["trl"]
     problems = [f"{key}: ours {ours[key]!r} vs TRL {trl[key]!r}" for key in SETTINGS if ours[key] != trl[key]]
     if trl["generation_stop_ids"] != trl["stop_ids"]:
@@ -63,18 +79,37 @@ def settings_problems(ready: dict[str, dict], gradient_checkpointing: bool = Fal
     want = "on" if gradient_checkpointing else "off"
     problems += [f"{n}: gradient checkpointing is {'on' if r['gradient_checkpointing'] else 'off'}, asked {want}"
                  for n, r in ready.items() if r["gradient_checkpointing"] != gradient_checkpointing]
+    problems += [f"{n}: forces completions to {r['forced_length']} tokens, asked {forced_length}"
+                 for n, r in ready.items() if r["forced_length"] != forced_length]
     return problems
 
 
-def step_problems(steps: dict[str, list[dict]]) -> list[str]:
-    """Per-step differences in prompt or completion token counts (warm-up steps included)."""
+def step_problems(steps: dict[str, list[dict]], forced_tokens: int | None = None) -> list[str]:
+    """Per-step differences in prompt or completion token counts (warm-up steps included).
+
+    Completion digests are never compared (``--generator own`` draws different tokens on each side).
+    ``forced_tokens`` (``--generator own``): the completion tokens every step of each side must have
+    (prompts x K x max_completion); a side below it stopped some completion early."""
     out = []
+    if len(steps["ours"]) != len(steps["trl"]):
+        out.append(f"steps: ours {len(steps['ours'])} vs TRL {len(steps['trl'])}")
     for i, (o, t) in enumerate(zip(steps["ours"], steps["trl"])):
+        tag = f"step {i} ({'warm-up' if o['rep'] < 0 else 'rep ' + str(o['rep'] + 1)})"
         for key in ("prompt_tokens", "completion_tokens", "prompt_digest"):
             if o[key] != t[key]:
-                out.append(f"step {i} ({'warm-up' if o['rep'] < 0 else 'rep ' + str(o['rep'] + 1)}): {key} "
-                           f"ours {o[key]} vs TRL {t[key]}")
+                out.append(f"{tag}: {key} ours {o[key]} vs TRL {t[key]}")
+        out += [f"{tag}: {name} wrote {r['completion_tokens']} completion tokens, forced {forced_tokens}"
+                for name, r in (("ours", o), ("TRL", t))
+                if forced_tokens is not None and r["completion_tokens"] != forced_tokens]
     return out
+
+
+def _generators(a, res: dict, length: str | None = None) -> str:
+    r = res["ready"]
+    if a.generator == "identical":
+        return f"identical tokens (same seeds; ours {r['ours']['generator']}, TRL {r['trl']['generator']})"
+    return (f"each its own (ours {r['ours']['generator']}, TRL {r['trl']['generator']}), every completion forced "
+            f"to {length or str(res['m']) + ' tokens'}")
 
 
 def _show(name: str, tag: str, r: dict) -> None:
@@ -90,7 +125,7 @@ def run_pair(a, **over) -> dict:
     verbose = not a.scaling or over.get("verbose")
     try:
         ready = {name: w.expect("ready") for name, w in workers.items()}
-        problems = settings_problems(ready, c.gradient_checkpointing)
+        problems = settings_problems(ready, c.gradient_checkpointing, c.max_completion if c.generator == "own" else 0)
         if problems:
             raise SystemExit("equal-work settings differ, nothing measured:\n  " + "\n  ".join(problems))
         steps = bc.alternate(workers, c.warmup + c.reps, c.warmup, _show if verbose else None)
@@ -101,8 +136,9 @@ def run_pair(a, **over) -> dict:
     timed = {n: [r for r in rs if r["rep"] >= 0] for n, rs in steps.items()}
     ratios = [o["time_s"] / t["time_s"] for o, t in zip(timed["ours"], timed["trl"])]
     same = sum(o["completion_digest"] == t["completion_digest"] for o, t in zip(steps["ours"], steps["trl"]))
+    forced = c.prompts * c.k * c.max_completion if c.generator == "own" else None
     return {"k": c.k, "m": c.max_completion, "ready": ready, "timed": timed, "done": done, "ratios": ratios,
-            "problems": step_problems(steps), "identical_steps": same, "steps": len(steps["ours"]),
+            "problems": step_problems(steps, forced), "identical_steps": same, "steps": len(steps["ours"]),
             "ratio": bc.median(ratios), "peak_ratio": done["ours"]["peak_rss_mb"] / done["trl"]["peak_rss_mb"]}
 
 
@@ -110,7 +146,7 @@ def print_pair(a, res: dict) -> None:
     print(f"\nGRPO step, {a.model_label} ({a.prompts} prompts x K={res['k']}, max {res['m']} new tokens, beta={a.beta}, "
           f"lr={a.lr}), {a.reps} alternating repetitions after {a.warmup} warm-up, torch threads={a.threads}, "
           f"gradient checkpointing {'on' if a.gradient_checkpointing else 'off'}, our log-probs: {a.logprobs}"
-          f"{', one packed forward per prompt (ours)' if a.share_prompt else ''}\n")
+          f"{', one packed forward per prompt (ours)' if a.share_prompt else ''}, generators: {_generators(a, res)}\n")
     print("| side | median step (s) | min–max (s) | median rollout (s) | median update (s) | completion tokens/step "
           "| prompt tokens/step | RSS after load (MiB) | peak RSS (MiB) |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -125,7 +161,9 @@ def print_pair(a, res: dict) -> None:
           "ours is `ScoreModule.rollout` (generation only; the reference forward is in the update).")
     print("per-repetition ratios ours/TRL: " + ", ".join(f"{r:.3f}" for r in res["ratios"]))
     print(f"equal work: settings identical ({', '.join(SETTINGS)}); identical completion ids in "
-          f"{res['identical_steps']}/{res['steps']} steps; token-count differences: "
+          f"{res['identical_steps']}/{res['steps']} steps"
+          f"{' (not required: each side samples its own tokens)' if a.generator == 'own' else ''}; "
+          "token-count differences: "
           + ("none" if not res["problems"] else "\n  " + "\n  ".join(res["problems"])))
 
 
@@ -140,7 +178,7 @@ def run_scaling(a) -> bool:
             print(f"  K={k} max_len={m}: ratio {res['ratio']:.3f}, peak ratio {res['peak_ratio']:.3f}, "
                   f"token-count differences {len(res['problems'])}; {bc.load_line()}", flush=True)
     print(f"\n{a.prompts} prompts x K completions; medians of {a.scaling_reps} alternating steps after {a.warmup} "
-          "warm-up, per cell\n")
+          f"warm-up, per cell; generators: {_generators(a, rows[0], 'the max response')}\n")
     print("| K | max response | completion tokens | ours step (s) | TRL step (s) | ratio | ours peak RSS (MiB) "
           "| TRL peak RSS (MiB) | peak ratio | equal work |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -180,6 +218,10 @@ def main(argv=None) -> None:
     p.add_argument("--share-prompt", action="store_true",
                    help="our side runs each prompt's K rows as one packed row (optim.share_prompt_forward=true): "
                         "the same log-probs and gradients, the prompt computed once")
+    p.add_argument("--generator", choices=("identical", "own"), default="identical",
+                   help="identical (default): both sides seeded alike, sampling the same tokens with HF generate; "
+                        "own: each side its own engine (ours HFEngine, TRL generate), every completion forced to "
+                        "--max-completion tokens (EOS and stops masked), token counts checked, tokens not compared")
     p.add_argument("--worker", choices=("ours", "trl"), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:

@@ -5,10 +5,18 @@ one ``step`` record per GRPO step, blocking inside the step-end hook until the p
 A step record carries its time, the completion and prompt token counts, a digest of the completion
 ids and the peak RSS, so the parent can check equal work step by step.
 
-Generation RNG: before each step's generation both sides seed torch with the same per-step seed.
-Both sample with HF ``generate`` (temperature 1, no top-k/top-p) on the same left-padded prompts, so
-with equal weights they draw the same tokens, and the per-step token counts are equal by construction
-rather than by luck (the weights stay equal up to float rounding, which rarely flips a sample).
+Generation, ``--generator identical`` (the default): before each step's generation both sides seed
+torch with the same per-step seed. Both sample with HF ``generate``'s sampling (temperature 1, no
+top-k/top-p) on the same left-padded prompts, so with equal weights they draw the same tokens, and
+the per-step token counts are equal by construction rather than by luck (the weights stay equal up
+to float rounding, which rarely flips a sample).
+
+``--generator own``: neither side is seeded per step, and each generates its own way: ours through
+the trainer's ``HFEngine`` (``rollout=hf``: the in-place KV cache, each distinct prompt prefilled once
+for its K rows) with ``ignore_eos=True``, TRL through its ``unwrapped_model.generate`` with
+``min_new_tokens`` in its ``generation_kwargs``. EOS and both stop ids are masked out of sampling on
+both sides, so every completion has exactly ``max_completion`` tokens; each worker reports that
+forced length in ``ready`` (ours: the engine's flag, TRL: its ``GenerationConfig``).
 """
 
 from __future__ import annotations
@@ -133,17 +141,25 @@ def worker_ours(a) -> None:
             super().on_train_start()
             prompt_ids = [encode_chat(self.tokenizer, m) for m in expected_msgs]
             stops = sorted({self.tokenizer.eos_token_id, self.tokenizer.convert_tokens_to_ids("</answer>")})
+            if a.generator == "own":  # every completion runs to max_completion (EOS and stops masked)
+                from score_lightning.rollout.hf_engine import HFEngine
+
+                assert isinstance(self.engine, HFEngine), type(self.engine)
+                self.engine.ignore_eos = True
             proto.send("ready", rss_mb=bc.rss_mb(), peak_rss_mb=bc.peak_rss_mb(),
                        prompt_digest=bc.ids_digest(prompt_ids), prompt_lens=[len(p) for p in prompt_ids],
                        gradient_checkpointing=bool(self.policy.is_gradient_checkpointing), stop_ids=stops,
-                       dtype=str(next(self.policy.parameters()).dtype), threads=torch.get_num_threads(), malloc=malloc)
+                       dtype=str(next(self.policy.parameters()).dtype), threads=torch.get_num_threads(), malloc=malloc,
+                       forced_length=a.max_completion if self.engine.ignore_eos else 0,
+                       generator=type(self.engine).__name__)
             proto.wait_go()
 
         def on_train_batch_start(self, batch, batch_idx) -> None:
             self._t0 = time.perf_counter()
 
         def training_step(self, batch, batch_idx) -> None:
-            torch.manual_seed(generation_seed(batch_idx))
+            if a.generator == "identical":
+                torch.manual_seed(generation_seed(batch_idx))
             t0 = time.perf_counter()
             ro = self.rollout(list(batch["prompt"]))
             t1 = time.perf_counter()
@@ -198,6 +214,7 @@ def worker_trl(a) -> None:
     # TRL's completion mask ends at its `eos_token_ids` (read from the model's generation config) and its
     # generate() call uses `generation_kwargs`: both must hold our two stop ids
     model.generation_config.eos_token_id = list(stops)
+    own = a.generator == "own"
     ds = Dataset.from_dict({"prompt": [m for _ in range(n_steps) for m in msgs]})  # same prompts each step, in order
 
     def reward_fn(completions, completion_ids, **kwargs):
@@ -211,7 +228,8 @@ def worker_trl(a) -> None:
         scale_rewards="group", temperature=1.0, top_p=1.0, top_k=0, use_vllm=False, use_cpu=True, bf16=False,
         fp16=False, gradient_checkpointing=bool(a.gradient_checkpointing),
         gradient_checkpointing_kwargs={"use_reentrant": False},  # what ours uses (models.load_policy)
-        generation_kwargs={"eos_token_id": list(stops)},
+        generation_kwargs={"eos_token_id": list(stops)} | ({"min_new_tokens": a.max_completion} if own else {}),
+        mask_truncated_completions=False,  # TRL's default, stated: forced-length completions all train
         report_to=[], logging_strategy="no", save_strategy="no", eval_strategy="no", disable_tqdm=True,
         log_completions=False, shuffle_dataset=False, max_steps=n_steps, seed=SEED, dataloader_num_workers=0,
     )
@@ -226,7 +244,8 @@ def worker_trl(a) -> None:
                        gradient_checkpointing=bool(model.is_gradient_checkpointing),
                        stop_ids=sorted(set(trainer.eos_token_ids)),
                        generation_stop_ids=sorted(set(trainer.generation_config.eos_token_id)),
-                       dtype=str(next(model.parameters()).dtype), threads=torch.get_num_threads(), malloc=malloc)
+                       dtype=str(next(model.parameters()).dtype), threads=torch.get_num_threads(), malloc=malloc,
+                       forced_length=int(trainer.generation_config.min_new_tokens or 0), generator="generate")
             proto.wait_go()
 
         def on_step_begin(self, args_, st, control, **kw):
@@ -245,7 +264,8 @@ def worker_trl(a) -> None:
     gen = trainer._generate_and_score_completions
 
     def timed_generate(inputs):
-        torch.manual_seed(generation_seed(state["step"]))
+        if not own:
+            torch.manual_seed(generation_seed(state["step"]))
         t = time.perf_counter()
         out = gen(inputs)
         state["gen_s"] += time.perf_counter() - t

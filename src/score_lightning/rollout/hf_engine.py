@@ -18,6 +18,7 @@ Two things a real checkpoint brings that the tiny one does not:
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
@@ -46,7 +47,7 @@ class HFEngine:
 
     def __init__(self, model_getter: Callable[[], nn.Module], pad_token_id: int, eos_token_id: int | Sequence[int],
                  tokenizer=None, max_batch_size: int = 64, collective: bool = False, fast_forward: bool = True,
-                 fast_forward_tokens: int = 16):
+                 fast_forward_tokens: int = 16, ignore_eos: bool = False):
         from score_lightning.policy.models import end_of_turn_ids
 
         self._model_getter = model_getter
@@ -70,6 +71,11 @@ class HFEngine:
         self.fast_forward = fast_forward and not collective
         #: the most token columns x rows one such forward takes (forced runs beyond it wait for the next forward)
         self.fast_forward_tokens = int(fast_forward_tokens)
+        #: every row runs to ``max_new_tokens``: EOS and every stop id are masked out of sampling (``generate``'s
+        #: ``min_new_tokens``) and stop strings end nothing. For benchmarks that need equal-length completions
+        #: (``scripts/bench_step.py --generator own``); no config key sets it. Log-probs stay those of the
+        #: unmasked distribution. Unconstrained calls only
+        self.ignore_eos = bool(ignore_eos)
 
     def release_cache(self) -> None:
         """Drop the stored KV caches (the trainer calls this before its update, when no rollout follows)."""
@@ -86,8 +92,6 @@ class HFEngine:
         step = self.max_batch_size
         chunks = [prompts[s:s + step] for s in range(0, len(prompts), step)]
         if params.grammars:  # each chunk carries its own prompts' grammars
-            from dataclasses import replace
-
             chunk_params = [replace(params, grammars=tuple(params.grammars[s:s + step]))
                             for s in range(0, len(prompts), step)]
         else:
@@ -119,6 +123,9 @@ class HFEngine:
         input_ids, attention = input_ids.to(device), attention.to(device)
         eos = sorted({*self.eos_token_ids, *params.stop_token_ids})
         constrained = any(g is not None for g in params.grammars)
+        if constrained and self.ignore_eos:
+            raise ValueError("HFEngine(ignore_eos=True) runs unconstrained calls only (a grammar decides where "
+                             "a constrained turn ends)")
         if self.fast_forward and width >= 2 and constrained:
             return self._decode_constrained(model, input_ids, attention, params, eos)
         if params.value_readout and constrained:
@@ -133,6 +140,8 @@ class HFEngine:
         )
         if sample:
             kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
+        if self.ignore_eos:  # every id of `eos` masked until the last new token: no row ends early
+            kwargs.update(min_new_tokens=params.max_new_tokens)
         if any(r is not None for r in params.grammars):
             # the mask must come before temperature and top-p (generate appends custom processors after its own)
             procs = [GrammarLogitsProcessor(params.grammars, self.tokenizer, self.eos_token_ids, width)]
@@ -141,7 +150,7 @@ class HFEngine:
                 procs += [TopPLogitsWarper(params.top_p)] * (params.top_p < 1.0)
                 kwargs.update(temperature=1.0, top_p=1.0)
             kwargs.update(logits_processor=LogitsProcessorList(procs))
-        if params.stop_strings:
+        if params.stop_strings and not self.ignore_eos:
             if self.tokenizer is None:
                 raise ValueError("HFEngine needs the tokenizer to stop on strings (multi-token tags)")
             kwargs.update(stopping_criteria=StoppingCriteriaList(
@@ -168,6 +177,8 @@ class HFEngine:
         del cache, kwargs["past_key_values"]
         new = res.sequences[:, width:].cpu()
         lp = recorder.finish(res.sequences[:, width:]) if recorder is not None and new.shape[1] else None
+        if self.ignore_eos:
+            eos, params = [], replace(params, stop_strings=())
         return self._cut(new.tolist(), lp.tolist() if lp is not None else None, eos, params.stop_strings)
 
     def _cut(self, rows: list[list[int]], logprobs: list[list[float]] | None, eos: Sequence[int],
