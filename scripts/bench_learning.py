@@ -50,6 +50,8 @@ CONDITIONS: dict[str, list[str]] = {
     # the paper's claim that a static reward is hacked where a co-evolving evaluator is not: any bracketed id counts
     "score_any": ["experiment=tiny_score", "reward.citations=any"],
     "grpo_any": ["experiment=grpo_baseline", "reward.citations=any"],
+    # what one step of staleness does to learning: the worker generates step t+1 while the trainer updates on t
+    "score_async": ["experiment=tiny_score", "rollout.mode=async"],
     # rubric methods and solver workflows (same budget, same logs)
     "evolving": ["experiment=rler_tiny"],
     "given": ["experiment=given_tiny"],

@@ -94,7 +94,12 @@ def training_summary(run: Path) -> dict:
                      ("ungrounded_mean", "solver/ungrounded_citation_rate"),
                      ("zero_variance_mean", "solver/zero_variance_group_rate"),
                      ("draws_mean", "solver/sampling_draws"),
-                     ("rank_tau_mean", "evaluator/rank_tau_valid")):
+                     ("rank_tau_mean", "evaluator/rank_tau_valid"),
+                     # off-policy statistics of asynchronous rollouts (NaN for a synchronous HF run)
+                     ("staleness_mean", "rollout/staleness_mean"),
+                     ("is_weight_mean", "rollout/is_weight_mean"),
+                     ("is_clipped_mean", "rollout/is_clipped_frac"),
+                     ("mismatch_kl_mean", "rollout/mismatch_kl")):
         vals = [v for v in sc.get(tag, []) if math.isfinite(v)]
         out[key] = mean(vals) if vals else math.nan
     out["steps"] = len(sc.get("solver/reward_mean", []))
