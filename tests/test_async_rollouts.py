@@ -153,6 +153,7 @@ def test_the_worker_samples_with_the_trainers_weights(tmp_path, tiny_ckpt, corpu
     assert max(_values(s1, "rollout/mismatch_kl")[1:]) > 1e-6 > max(_values(s0, "rollout/mismatch_kl"))
 
 
+@pytest.mark.slow  # 35 s; async resume without dynamic sampling stays in the default suite (test_module)
 def test_async_resume_with_dynamic_sampling_is_exact(tmp_path, tiny_ckpt, corpus_file):
     """3 steps straight == 2, stop, resume to 3 under max_staleness=1: the checkpoint carries the batch in flight."""
     common = DRAWS + ["rollout.mode=async", "callbacks.model_checkpoint.every_n_steps=1"]

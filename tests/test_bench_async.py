@@ -1,4 +1,5 @@
-"""scripts/bench_async.py: its last line and its equal-work checks (a 2-step tiny run; no speedup is asserted)."""
+"""scripts/bench_async.py: its last line (a 2-step tiny run, under make test-slow; no speedup is asserted) and its
+equal-work checks."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import copy
 import re
 import subprocess
 import sys
+
+import pytest
 
 from helpers import FAST, ROOT
 
@@ -15,6 +18,7 @@ import bench_async  # noqa: E402
 LAST_LINE = re.compile(r"^async_speedup_tiny=\d+\.\d{3} async_speedup_smol=n/a staleness_max=1 equal_work=ok$")
 
 
+@pytest.mark.slow  # two full training processes (44 s); make test-slow
 def test_two_step_tiny_run_prints_the_summary_line(tmp_path, tiny_ckpt, corpus_file):
     overrides = [f"--override={o}" for o in FAST if not o.startswith("experiment=")]
     proc = subprocess.run([sys.executable, "scripts/bench_async.py", "--steps", "2", "--smol", "off", "--out",

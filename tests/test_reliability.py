@@ -177,7 +177,8 @@ def test_dead_retriever_cli_finishes_and_counts_errors(tmp_path, tiny_ckpt):
 
 
 # ---------------------------------------------------------------- preemption
-@pytest.mark.parametrize("mode", ["sync", "async"])
+# async: also under make test-slow (36 s); its resume is covered by the SIGKILL test below and test_module
+@pytest.mark.parametrize("mode", ["sync", pytest.param("async", marks=pytest.mark.slow)])
 def test_sigterm_saves_exits_75_and_resume_completes(tmp_path, tiny_ckpt, mode):
     """Under rollout.mode=async the checkpoint also holds the batch the worker had in flight (and the worker,
     which ignores SIGTERM, is waited for rather than killed mid-batch)."""
