@@ -47,8 +47,7 @@ def main() -> int:
         digest.update(json.dumps([d.kind, list(d.prompt_ids), list(d.response_ids)]).encode())
     answers = [t for t in (tok.decode(d.response_ids) for d in demos) if "<answer>" in t]
     texts = [tok.decode(list(d.prompt_ids) + list(d.response_ids)) for d in demos]
-    docs = load_corpus(corpus_path(cfg))
-    passages = [d.contents for d in (docs.values() if isinstance(docs, dict) else docs)]
+    passages = [d.contents for d in load_corpus(corpus_path(cfg))]
     differ = lambda xs: sum(old_ids(x) != cited_ids(x) for x in xs)  # noqa: E731
     spurious = sum(len(set(old_ids(p)) - set(cited_ids(p))) for p in passages)
     print(f"corpus_passages={len(passages)} corpus_read_differently={differ(passages)} "
