@@ -118,6 +118,30 @@ def run_cell(cond: str, seed: int, horizons: list[int], out: Path, tag: str, ext
     return result
 
 
+def archive_cell(result: dict, archive: Path) -> Path:
+    """A portable copy of a finished cell under ``archive`` (a tracked folder): its ``result.json`` with paths
+    relative to the repository, and its last export's ``run_config.json`` (the settings the merge cards the
+    cold start under). A study spans sessions; ``logs/`` does not, so what a merge reads must live in git."""
+    run = cell_dir(archive, result["condition"], result.get("tag", ""), result["seed"])
+    run.mkdir(parents=True, exist_ok=True)
+    export = _resolve(result["export"])
+    (run / "run_config.json").write_text((export / "run_config.json").read_text())
+    portable = dict(result, export=_relative(run), cold_start_model=_relative(_resolve(result["cold_start_model"])))
+    (run / "result.json").write_text(json.dumps(portable, indent=1) + "\n")
+    return run
+
+
+def _relative(path: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def _resolve(path: str) -> Path:
+    """An archived cell's paths are relative to the repository; a local cell's are absolute."""
+    p = Path(path)
+    return p if p.is_absolute() else ROOT / p
+
+
 def _model_path(run: Path) -> str:
     import torch
 
@@ -126,8 +150,9 @@ def _model_path(run: Path) -> str:
 
 
 def load_results(dirs: list[Path], tag: str) -> list[dict]:
-    """Every cell's ``result.json`` below ``dirs`` with this tag, each file once; two for one cell are refused
-    (pooled twice, a cell would narrow every interval)."""
+    """Every cell's ``result.json`` below ``dirs`` with this tag, each file once. Two different results for one
+    cell are refused (pooled twice, a cell would narrow every interval); a cell and its archived copy (the same
+    cards and curves) count once."""
     files = sorted({p.resolve() for d in dirs for p in d.rglob("result.json")})
     cells: dict[tuple[str, int], Path] = {}
     results = []
@@ -137,6 +162,9 @@ def load_results(dirs: list[Path], tag: str) -> list[dict]:
             continue
         key = (r["condition"], r["seed"])
         if key in cells:
+            first = next(x for x in results if (x["condition"], x["seed"]) == key)
+            if all(first.get(f) == r.get(f) for f in ("heldout", "heldout_greedy", "train", "set")):
+                continue
             raise SystemExit(f"two results for {key[0]}:{key[1]}: {cells[key]} and {path}; merge one of them")
         cells[key] = path
         results.append(r)
@@ -159,6 +187,8 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "logs" / "bench_learning"))
     ap.add_argument("--only", default=None, help="run one cell CONDITION:SEED and stop (one machine of many)")
     ap.add_argument("--train-only", action="store_true", help="with --only: train (every horizon), card later")
+    ap.add_argument("--archive", default=None, help="copy each finished cell's result here (a tracked folder), "
+                    "so a study that spans sessions merges from git, e.g. docs/studies/v9")
     ap.add_argument("--merge", nargs="*", default=None, help="read result.json files below these dirs; train nothing")
     ap.add_argument("--no-append", action="store_true", help="print the table; leave docs/BENCHMARKS.md alone")
     ap.add_argument("--figure", default=None, help="write a PNG of the curves and the held-out changes (bench extra)")
@@ -172,8 +202,12 @@ def main() -> int:
         ap.error(f"--horizons {horizons} must not go past --steps {args.steps}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    cell = lambda c, s: run_cell(c, s, horizons, out, args.tag, list(args.set), args.samples,  # noqa: E731
-                                 args.train_only, args.threads)
+    def cell(c: str, s: int) -> dict | None:
+        result = run_cell(c, s, horizons, out, args.tag, list(args.set), args.samples, args.train_only, args.threads)
+        if result is not None and args.archive:
+            archive_cell(result, Path(args.archive))
+        return result
+
     if args.only:
         cond, seed = args.only.split(":")
         if cond not in CONDITIONS:
@@ -188,8 +222,12 @@ def main() -> int:
     if not results:
         raise SystemExit("no results")
     # the cold start's card under a run's settings: every card of one table is made under the same ones
-    ref = Path(results[0]["export"])
-    cold = card_values(heldout_card(Path(results[0]["cold_start_model"]), out / f"cold_start@{args.tag or 'default'}",
+    ref = _resolve(results[0]["export"])
+    cold_model = _resolve(results[0]["cold_start_model"])
+    if not cold_model.is_dir():
+        raise SystemExit(f"the cold start {cold_model} is not on this machine; one training step installs it: "
+                         f"python src/train.py {' '.join(CONDITIONS[results[0]['condition']])} trainer.max_steps=1")
+    cold = card_values(heldout_card(cold_model, out / f"cold_start@{args.tag or 'default'}",
                                     args.samples, settings_of=ref, threads=args.threads))
     from score_lightning.evaluation.settings import describe_diff, settings_diff
 
@@ -199,7 +237,7 @@ def main() -> int:
             if settings_diff(mine, cold.get("settings")):
                 raise SystemExit(f"{r['condition']}:{r['seed']} at {h} steps was carded under other settings than "
                                  f"the cold start: {describe_diff(mine, cold.get('settings'))}")
-    cold["greedy"] = card_values(heldout_card(Path(results[0]["cold_start_model"]),
+    cold["greedy"] = card_values(heldout_card(cold_model,
                                               out / f"cold_start_greedy@{args.tag or 'default'}", 1, settings_of=ref,
                                               threads=args.threads, greedy=True))
     fresh = [r for r in results if r["seed"] not in args.tuning_seeds]

@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Do the evaluator's scores carry signal? Sample step-like evaluations from a checkpoint and measure.
 
-    python scripts/probe_scoring.py                                   # the packaged tiny_score cold start
+    python scripts/probe_scoring.py                                   # tiny_score's own (packaged) cold start
+    python scripts/probe_scoring.py --groups 40 experiment=smol_score # smol_score's cold start (trained once, cached)
     python scripts/probe_scoring.py --model logs/run/export --groups 40 evaluator.constrained_scoring=false
-    python scripts/probe_scoring.py --model smollm2_135m --groups 40 experiment=smol_score   # a model preset
+    python scripts/probe_scoring.py --model smollm2_135m --groups 40 experiment=smol_score   # the zero-shot preset
     python scripts/probe_scoring.py --scoring joint,pointwise          # both protocols on the same reports
     python scripts/probe_scoring.py --readout sampled,expected         # both score readouts of the same evaluations
 
@@ -49,6 +50,25 @@ def _compose(overrides: list[str]):
         return compose(config_name="train", overrides=overrides)
 
 
+def recipe_cold_start(cfg) -> str:
+    """The checkpoint the recipe's RL starts from, found as ``train.py`` finds it: its base model, then its
+    cold start (the packaged one installed, or trained once and cached) when the recipe runs SFT. A probe of a
+    recipe must judge the evaluator that recipe trains, not another recipe's."""
+    import copy
+    import tempfile
+
+    from omegaconf import open_dict
+
+    from score_lightning.launch.config_validation import validate_config
+    from score_lightning.launch.training import maybe_run_sft, resolve_model_path
+
+    cfg = copy.deepcopy(cfg)
+    with open_dict(cfg):  # the cold start's own logs (a run folder the probe does not keep)
+        cfg.paths.output_dir = tempfile.mkdtemp(prefix="probe_cold_start_")
+    validate_config(cfg)
+    return maybe_run_sft(cfg, resolve_model_path(cfg))
+
+
 def main() -> int:
     from omegaconf import OmegaConf
 
@@ -64,15 +84,15 @@ def main() -> int:
     from score_lightning.rollout.chat import encode_chat
     from score_lightning.rollout.engine import SamplingParams
     from score_lightning.rollout.hf_engine import HFEngine, fast_forward_options
-    from score_lightning.sft.asset import ASSET_DIR
     from score_lightning.step.evaluations import group_evaluations
     from score_lightning.step.reward_assembly import RewardSettings, parse_answers
     from score_lightning.rewards.rule import rule_quality
     from score_lightning.step.rollouts import RolloutSettings, scoring_rollouts, solver_rollouts
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=str(ASSET_DIR),
-                    help="checkpoint directory or model preset, e.g. smollm2_135m (default: the packaged cold start)")
+    ap.add_argument("--model", default=None,
+                    help="checkpoint directory or model preset, e.g. smollm2_135m (zero-shot); default: the recipe's "
+                         "own cold start, installed or trained as train.py does")
     ap.add_argument("--groups", type=int, default=40, help="step-like groups (one query, K reports, one evaluation)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--demos", type=int, default=0,
@@ -94,7 +114,9 @@ def main() -> int:
     from score_lightning.launch.training import resolve_model_arg
 
     set_malloc_mmap_threshold(cfg.trainer.get("malloc_mmap_threshold_mb"))
-    args.model = resolve_model_arg(args.model, cfg.paths.cache_dir)
+    own = args.model is None
+    args.model = recipe_cold_start(cfg) if own else resolve_model_arg(args.model, cfg.paths.cache_dir)
+    print(f"model: {args.model}" + (" (the recipe's own cold start)" if own else ""), flush=True)
     tok = load_tokenizer(args.model)
     model = load_policy(args.model, "float32").eval()
     retriever = retriever_from_config(cfg.retriever, cfg.paths.cache_dir)

@@ -152,6 +152,9 @@ def test_probe_scoring_script_reports_validity_and_separation(cache_dir):
                            "joint,pointwise", "--readout", "sampled,expected", f"paths.cache_dir={cache_dir}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # without --model: the recipe's own cold start, installed into the cache as training installs it
+    model = next(line for line in proc.stdout.splitlines() if line.startswith("model: "))
+    assert model.endswith("(the recipe's own cold start)") and f"{cache_dir}/sft/sft-" in model, model
     lines = [dict(kv.split("=", 1) for kv in line.split()) for line in proc.stdout.splitlines()
              if line.startswith("protocol=")]
     assert [(d["protocol"], d["rubric"], d["readout"]) for d in lines] == [

@@ -49,11 +49,42 @@ def test_merge_reads_each_cell_once_and_refuses_a_cell_found_twice(tmp_path):
     assert len(load_results([tmp_path / "study"], "lr2e-4")) == 1
     # the same folder as --out and as --merge (and through a second path): one cell, not two
     assert len(load_results([tmp_path / "study", tmp_path / "study", tmp_path / "study" / "score"], "")) == 1
-    copy = tmp_path / "other" / "score" / "seed21"
+    copy = tmp_path / "archive" / "score" / "seed21"  # an archived copy of the same cell: counted once
     copy.mkdir(parents=True)
-    (copy / "result.json").write_text(json.dumps({"condition": "score", "seed": 21}))
+    (copy / "result.json").write_text(json.dumps({"condition": "score", "seed": 21, "export": "docs/x"}))
+    assert len(load_results([tmp_path / "study", tmp_path / "archive"], "")) == 1
+    other = tmp_path / "other" / "score" / "seed21"  # another run of that cell, with other cards: refused
+    other.mkdir(parents=True)
+    (other / "result.json").write_text(json.dumps({"condition": "score", "seed": 21, "heldout": {"160": {}}}))
     with pytest.raises(SystemExit, match="two results for score:21"):
         load_results([tmp_path / "study", tmp_path / "other"], "")
+
+
+def test_archived_cell_is_portable_and_merges_as_the_local_one(tmp_path, monkeypatch):
+    """A study spans sessions and logs/ does not: the archived copy keeps the cards and curves, carries the
+    run_config the cold start is carded under, and names its paths relative to the repository."""
+    import json
+
+    import bench_learning
+
+    monkeypatch.setattr(bench_learning, "ROOT", tmp_path)
+    export = tmp_path / "logs" / "study" / "rule" / "seed31" / "export_s160"
+    export.mkdir(parents=True)
+    (export / "run_config.json").write_text('{"solver": {"temperature": 1.0}}')
+    cold = tmp_path / ".cache" / "sft" / "sft-abc"
+    result = {"condition": "rule", "seed": 31, "tag": "", "set": ["threads.num=1"], "horizons": [80, 160],
+              "train": {"steps": 160, "reward_slope": 0.01}, "heldout": {"160": {"grounded_valid": 0.4}},
+              "heldout_greedy": {"grounded_valid": 0.7}, "export": str(export), "cold_start_model": str(cold)}
+    (export.parent / "result.json").write_text(json.dumps(result))
+    run = bench_learning.archive_cell(result, tmp_path / "docs" / "studies" / "v9")
+    copy = json.loads((run / "result.json").read_text())
+    assert copy["export"] == "docs/studies/v9/rule/seed31" and copy["cold_start_model"] == ".cache/sft/sft-abc"
+    assert (run / "run_config.json").read_text() == '{"solver": {"temperature": 1.0}}'
+    assert bench_learning._resolve(copy["export"]) == run and bench_learning._resolve(str(export)) == export
+    kept = ("heldout", "heldout_greedy", "train")
+    assert {k: copy[k] for k in kept} == {k: result[k] for k in kept}
+    merged = bench_learning.load_results([tmp_path / "logs" / "study", tmp_path / "docs" / "studies"], "")
+    assert len(merged) == 1
 
 
 def test_study_summary_lines_and_paired_differences_by_hand():
