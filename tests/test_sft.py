@@ -375,3 +375,36 @@ def test_scoring_demo_fit_reads_each_value_and_verification_start(tokenizer, bm2
         assert oracle["empty"]["target_value"] == 0.0
     if "good" in oracle:
         assert oracle["good"]["target_value"] >= 8.0
+
+
+def test_top_layers_cold_start_trains_only_the_top_and_is_keyed_apart(tmp_path, tiny_ckpt, corpus_file, cache_dir):
+    """``sft.trainable_layers=N``: after the cold start the embeddings and bottom layers are the base's, bit for
+    bit, and the top N layers and the final norm moved; it has its own cache key, and null keeps the old one."""
+    from safetensors.torch import load_file
+
+    from helpers import compose
+    from score_lightning.launch.config_validation import ConfigError, validate_config
+    from score_lightning.sft import run_sft
+    from score_lightning.sft.cache import sft_output_path
+
+    cfg = _cfg(tmp_path, corpus_file, cache_dir, trainable_layers=1)
+    everything = _cfg(tmp_path, corpus_file, cache_dir)
+    assert sft_output_path(cfg, str(tiny_ckpt))[0] != sft_output_path(everything, str(tiny_ckpt))[0]
+    with open_dict(everything):
+        del everything.sft["trainable_layers"]  # a config from before the knob: the same key as null
+    assert sft_output_path(everything, str(tiny_ckpt))[0] == sft_output_path(
+        _cfg(tmp_path, corpus_file, cache_dir), str(tiny_ckpt))[0]
+    out = run_sft(cfg, str(tiny_ckpt))
+    before, after = load_file(str(tiny_ckpt / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    n_layers = 1 + max(int(k.split(".")[2]) for k in before if k.startswith("model.layers."))
+    top = f"model.layers.{n_layers - 1}."
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved and all(k.startswith(top) or k.startswith("model.norm.") for k in moved), sorted(moved)[:5]
+    assert any(k.startswith("model.norm.") for k in moved) and any(k.startswith(top) for k in moved)
+    for bad in ("sft.trainable_layers=0", "sft.trainable_layers=two"):
+        with pytest.raises(ConfigError, match="sft.trainable_layers"):
+            validate_config(compose(["experiment=tiny_score", bad]))
+    with open_dict(cfg):
+        cfg.sft.trainable_layers = n_layers + 1
+    with pytest.raises(ValueError, match=f"sft.trainable_layers={n_layers + 1}"):
+        run_sft(cfg, str(tiny_ckpt))

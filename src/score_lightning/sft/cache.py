@@ -85,6 +85,8 @@ def sft_key_inputs(cfg: DictConfig, model_path: str) -> dict[str, Any]:
     s = OmegaConf.to_container(cfg.sft, resolve=True)
     for k in _NON_KEY_FIELDS:
         s.pop(k, None)
+    if s.get("trainable_layers") is None:  # all weights, as before the knob: existing keys (the packaged one) hold
+        s.pop("trainable_layers", None)
     return {
         "base": checkpoint_digest(model_path),
         "sft": s,

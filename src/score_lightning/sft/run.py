@@ -159,6 +159,15 @@ def _build(cfg: DictConfig, model_path: str, out: Path, inputs: dict, loggers: l
     log.info("sft: %d demonstrations in %.1fs (%s)", len(demos), t_demos,
              ", ".join(f"{k}={v}" for k, v in info["built"].items()))
     model = load_policy(model_path, str(cfg.model.dtype), bool(cfg.model.get("gradient_checkpointing", False)))
+    top = s.get("trainable_layers")
+    if top is not None:  # the cold start trains what RL trains: below them no graph, no recomputation, no backward
+        from score_lightning.policy.top_layers import train_top_layers
+
+        try:
+            trained = train_top_layers(model, int(top))
+        except ValueError as exc:
+            raise ValueError(f"sft.trainable_layers={top}: {exc}") from None
+        log.info("sft: training the top %d decoder layers and the final norm (%d tensors)", int(top), len(trained))
     accel = str(OmegaConf.select(cfg, "trainer.accelerator", default="cpu"))
     trainer_kwargs = {"accelerator": accel, "devices": 1,
                       "enable_progress_bar": bool(OmegaConf.select(cfg, "trainer.enable_progress_bar", default=True))}

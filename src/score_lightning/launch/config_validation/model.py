@@ -160,6 +160,8 @@ def check_sft(c: Checks) -> None:
     if c.get("sft") is None:
         return
     c("sft.enabled", lambda v: v in (True, False, "auto"), "true, false or 'auto' (on for the tiny model only)")
+    c("sft.trainable_layers", lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+      "null (all weights train) or an integer >= 1 (the top N decoder layers and the final norm train)")
     path = pretrained_model(c.cfg)
     if path is None or not sft_enabled(c.cfg):
         return
