@@ -401,10 +401,62 @@ def test_top_layers_cold_start_trains_only_the_top_and_is_keyed_apart(tmp_path, 
     moved = {k for k in before if not torch.equal(before[k], after[k])}
     assert moved and all(k.startswith(top) or k.startswith("model.norm.") for k in moved), sorted(moved)[:5]
     assert any(k.startswith("model.norm.") for k in moved) and any(k.startswith(top) for k in moved)
-    for bad in ("sft.trainable_layers=0", "sft.trainable_layers=two"):
-        with pytest.raises(ConfigError, match="sft.trainable_layers"):
+    for bad in ("sft.trainable_layers=0", "sft.trainable_layers=two", "sft.scoring_contrast=1.5"):
+        with pytest.raises(ConfigError, match=bad.split("=")[0]):
             validate_config(compose(["experiment=tiny_score", bad]))
     with open_dict(cfg):
         cfg.sft.trainable_layers = n_layers + 1
     with pytest.raises(ValueError, match=f"sft.trainable_layers={n_layers + 1}"):
         run_sft(cfg, str(tiny_ckpt))
+
+
+def test_contrast_scoring_groups_are_one_report_and_its_minimal_edits(tokenizer, bm25, queries, monkeypatch):
+    """``sft.scoring_contrast=1``: every joint scoring prompt holds a good report and edits of that very report
+    (the same searches and words, one flaw each), and the scores rank the good one above each flawed one;
+    at 0 the scoring demos are the ones built before the knob (the same random stream)."""
+    import dataclasses
+    import random
+    import re
+
+    import score_lightning.sft.scoring_demos as S
+    from score_lightning.sft.context import DemoContext
+
+    joint = dataclasses.replace(BUDGETS, scoring="joint", show_retrieved=False)
+    ctx = DemoContext.create(tokenizer, bm25, queries, joint, BASE)
+    made: list[tuple[str, str]] = []
+    real = S._report
+
+    def record(ctx, rng, query, rubric, kind):
+        text, feat = real(ctx, rng, query, rubric, kind)
+        made.append((feat["kind"], text))
+        return text, feat
+
+    monkeypatch.setattr(S, "_report", record)
+    checked = 0
+    for seed in range(6):
+        made.clear()
+        ds = S.scoring_group(ctx, random.Random(seed), queries[seed], 1, contrast=1.0)
+        if not ds:
+            continue
+        kinds = [k for k, _ in made]
+        assert "good" in kinds and len(set(kinds)) >= 2, kinds
+        good = next(t for k, t in made if k == "good")
+        assert all(t == good for k, t in made if k == "good")  # one report, repeated where drawn twice
+        for k, t in made:
+            if k == "no_citation":
+                assert t == re.sub(r"\s*\[[^\]\s]+\]", "", good).replace("According to ,", "According to the docs,")
+            if k in ("fake_citation", "unretrieved_citation"):
+                assert t != good and len(t.split()) == len(good.split())  # one id swapped, nothing else
+            if k == "truncated":
+                assert good.startswith(t)
+        ev = parse_evaluation(_model_text(tokenizer, ds[0]), Rubric(*ds[0].meta["rubric"]), len(kinds))
+        mean = {i: sum(r.scores.values()) for i, r in ev.reports.items()}
+        top = [mean[i] for i, k in enumerate(ds[0].meta["kinds"], 1) if k == "good"]
+        flawed = [mean[i] for i, k in enumerate(ds[0].meta["kinds"], 1) if k in ("no_citation", "off_topic", "fake_citation")]
+        assert all(min(top) > f for f in flawed)
+        checked += 1
+    assert checked >= 4
+    monkeypatch.setattr(S, "_report", real)
+    before = S.scoring_group(ctx, random.Random(7), queries[0], 2)
+    after = S.scoring_group(ctx, random.Random(7), queries[0], 2, contrast=0.0)
+    assert [(d.prompt_ids, d.response_ids) for d in before] == [(d.prompt_ids, d.response_ids) for d in after]

@@ -80,13 +80,18 @@ def _queries_identity(cfg: DictConfig) -> str:
     return _file_digest(Path(path))
 
 
+#: sft knobs added after cold starts were cached: at these values they change nothing, so they are not keyed
+_OFF_VALUES = {"trainable_layers": None, "scoring_contrast": 0.0}
+
+
 def sft_key_inputs(cfg: DictConfig, model_path: str) -> dict[str, Any]:
     """Everything the SFT result depends on, as a JSON-able dict (hashed into the cache key)."""
     s = OmegaConf.to_container(cfg.sft, resolve=True)
     for k in _NON_KEY_FIELDS:
         s.pop(k, None)
-    if s.get("trainable_layers") is None:  # all weights, as before the knob: existing keys (the packaged one) hold
-        s.pop("trainable_layers", None)
+    for knob, off in _OFF_VALUES.items():  # a knob at its "off" value leaves every existing key (the packaged) as is
+        if s.get(knob, off) == off:
+            s.pop(knob, None)
     return {
         "base": checkpoint_digest(model_path),
         "sft": s,

@@ -53,11 +53,13 @@ class DemoBuilder:
         self.stats = DemoStats()
 
     def build(self, n_solver: int, n_rubric: int, n_scoring: int,
-              per_prompt: dict[str, int] | None = None, extra: Sequence[ExtraKind] = ()) -> list[Demo]:
+              per_prompt: dict[str, int] | None = None, extra: Sequence[ExtraKind] = (),
+              scoring_contrast: float = 0.0) -> list[Demo]:
         """About ``n_*`` demos per kind, in groups of ``per_prompt[kind]`` responses sharing one prompt.
 
         ``extra`` registers the solver workflows' kinds (:mod:`~score_lightning.sft.workflow_demos`),
-        built after the default three, which stay byte-identical.
+        built after the default three, which stay byte-identical. ``scoring_contrast``: the share of scoring
+        prompts built as contrast groups (:func:`~score_lightning.sft.scoring_demos.scoring_group`).
 
         Deterministic given the seed; a kind's demos do not depend on the other kinds' counts. The
         ``group`` field numbers the prompts (the trainer runs each prompt once for its whole group).
@@ -81,7 +83,7 @@ class DemoBuilder:
                 elif kind == RUBRIC:
                     ds = rubric_group(ctx, sub, size)
                 elif kind == SCORING:
-                    ds = scoring_group(ctx, sub, query, size)
+                    ds = scoring_group(ctx, sub, query, size, scoring_contrast)
                 else:
                     ds = builders[kind](ctx, sub, query, size)
                 self.stats.dropped[kind] = self.stats.dropped.get(kind, 0) + max(0, size - len(ds))
@@ -102,10 +104,10 @@ def build_demos(tokenizer, retriever: Retriever, queries: Sequence[str], budgets
                 n_solver: int, n_rubric: int, n_scoring: int, seed: int = 0,
                 base_state: HarnessState | None = None,
                 per_prompt: dict[str, int] | None = None,
-                extra: Sequence[ExtraKind] = ()) -> tuple[list[Demo], DemoStats]:
+                extra: Sequence[ExtraKind] = (), scoring_contrast: float = 0.0) -> tuple[list[Demo], DemoStats]:
     """Build all demonstrations; returns them (solver, rubric, scoring, then ``extra`` kinds) and the counts."""
     builder = DemoBuilder(tokenizer, retriever, queries, budgets, base_state, seed)
-    demos = builder.build(n_solver, n_rubric, n_scoring, per_prompt, extra)
+    demos = builder.build(n_solver, n_rubric, n_scoring, per_prompt, extra, scoring_contrast)
     return demos, builder.stats
 
 

@@ -34,6 +34,9 @@ _BASE_SCORES = {"good": 8, "partial": 6, "no_citation": 4, "fake_citation": 3, "
 _KIND_WEIGHTS = (0.3, 0.1, 0.15, 0.05, 0.1, 0.05, 0.05, 0.2)
 #: kinds whose citations are not grounded in the report's own searches
 _UNGROUNDED = ("fake_citation", "unretrieved_citation")
+#: the edits of a contrast group (``sft.scoring_contrast``): each report is the group's one good report with
+#: one flaw (its citations dropped, invented or never retrieved, cut short, fewer sections), or another query's
+_CONTRAST_KINDS = ("good", "partial", "no_citation", "fake_citation", "unretrieved_citation", "truncated", "off_topic")
 _CITE_RE = re.compile(r"\[([^\]\s]+)\]")
 
 
@@ -146,17 +149,28 @@ def _gap(query: str, text: str, feat: dict, known_ids: frozenset[str]) -> str:
     return "None."
 
 
-def scoring_group(ctx: DemoContext, rng: random.Random, query: str, n: int) -> list[Demo]:
-    """``n`` evaluations of one scoring prompt: K reports of mixed quality (joint), or one (pointwise)."""
+def scoring_group(ctx: DemoContext, rng: random.Random, query: str, n: int, contrast: float = 0.0) -> list[Demo]:
+    """``n`` evaluations of one scoring prompt: K reports of mixed quality (joint), or one (pointwise).
+
+    ``contrast`` (joint only): the share of prompts whose K reports are one report and its minimal edits, so
+    the scores must follow the one thing that differs (a grounded citation, the topic, the conclusion), not
+    the wording; 0 draws every prompt as before, from the same random stream."""
     b = ctx.b
     state = random_state(rng, ctx.base, b.evaluator_max_tool_calls)
     rubric = fallback_rubric(state) if rng.random() < 0.3 else random_rubric(rng, state)
     pointwise = b.scoring == "pointwise"
     K = 1 if pointwise else b.num_rollouts if rng.random() < 0.75 else rng.randint(2, max(3, b.num_rollouts + 1))
-    kinds = rng.choices(list(_BASE_SCORES), weights=_KIND_WEIGHTS, k=K)
+    base = None
+    if contrast > 0 and not pointwise and rng.random() < contrast:
+        base = rng.random()  # every report starts from the same searches and answer
+        kinds = ["good", *rng.sample(_CONTRAST_KINDS[1:], k=min(K - 1, len(_CONTRAST_KINDS) - 1))]
+        kinds += rng.choices(_CONTRAST_KINDS, k=K - len(kinds))
+        rng.shuffle(kinds)
+    else:
+        kinds = rng.choices(list(_BASE_SCORES), weights=_KIND_WEIGHTS, k=K)
     reports, feats = [], []
     for kind in kinds:
-        text, feat = _report(ctx, random.Random(rng.random()), query, rubric, kind)
+        text, feat = _report(ctx, random.Random(rng.random() if base is None else base), query, rubric, kind)
         reports.append(truncate_text(ctx.tok, text, b.max_report_tokens))
         feats.append(feat)
     sources = [f["sources"] for f in feats] if b.show_retrieved else None

@@ -35,6 +35,7 @@ def build_sft_demos(cfg: DictConfig, tokenizer, retriever=None) -> tuple[list[De
         tokenizer, retriever, queries, DemoBudgets.from_cfg(cfg), int(s.num_solver_demos), int(s.num_rubric_demos),
         int(s.num_scoring_demos), seed=int(s.seed), base_state=base, per_prompt=per,
         extra=workflow_kinds(WorkflowDemoSpec.from_cfg(cfg)),  # solver.agent=mams / reward.step=rubric only
+        scoring_contrast=float(s.get("scoring_contrast", 0.0)),
     )
     max_len = int(s.max_seq_len)
     kept = [d for d in demos if d.num_tokens <= max_len]

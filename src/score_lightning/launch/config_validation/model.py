@@ -162,6 +162,8 @@ def check_sft(c: Checks) -> None:
     c("sft.enabled", lambda v: v in (True, False, "auto"), "true, false or 'auto' (on for the tiny model only)")
     c("sft.trainable_layers", lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
       "null (all weights train) or an integer >= 1 (the top N decoder layers and the final norm train)")
+    c("sft.scoring_contrast", lambda v: not isinstance(v, bool) and 0.0 <= float(v) <= 1.0,
+      "a share in [0, 1] of scoring prompts built as one report and its minimal edits")
     path = pretrained_model(c.cfg)
     if path is None or not sft_enabled(c.cfg):
         return
