@@ -1,11 +1,14 @@
 #!/usr/bin/env python
-"""Build the packaged cold start of ``experiment=tiny_score``, or check that it reproduces bit for bit.
+"""Build a packaged cold start (default: ``experiment=tiny_score``'s), or check that it reproduces bit for bit.
 
     python scripts/build_cold_start.py            # train it (or take the cache) and store it in data/assets/cold_start
     python scripts/build_cold_start.py --check    # retrain in a fresh cache; compare every file's sha256
+    python scripts/build_cold_start.py --asset cold_start_smol experiment=smol_score sft.lora.enabled=true
+                                                  # a LoRA cold start: its adapter alone is packaged (a few MB)
 
-The cold start is trained exactly as ``python src/train.py experiment=tiny_score`` would (same
-config, same key), with one torch thread per process so the float reductions run in one order.
+The cold start is trained exactly as ``python src/train.py <overrides>`` would (same config, same key),
+with one torch thread per process so the float reductions run in one order. A run whose key equals a
+package's installs it instead of training (``score_lightning.sft.asset``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ sys.path.insert(0, str(ROOT / "src"))
 os.environ.setdefault("PROJECT_ROOT", str(ROOT))
 
 
-def build(cache_dir: Path | None) -> Path:
+def build(cache_dir: Path | None, recipe: list[str]) -> Path:
     import torch
     from hydra import compose, initialize_config_dir
 
@@ -29,7 +32,7 @@ def build(cache_dir: Path | None) -> Path:
     from score_lightning.launch.training import resolve_model_path
 
     torch.set_num_threads(1)
-    overrides = ["experiment=tiny_score", "sft.use_packaged=false"]
+    overrides = [*recipe, "sft.use_packaged=false"]
     if cache_dir is not None:
         overrides.append(f"paths.cache_dir={cache_dir}")
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
@@ -38,22 +41,27 @@ def build(cache_dir: Path | None) -> Path:
 
 
 def main() -> int:
-    from score_lightning.sft.asset import ASSET_DIR, MANIFEST, file_sha256, package
+    from score_lightning.sft.asset import ASSETS, MANIFEST, file_sha256, package
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="rebuild from scratch and compare with the packaged files")
+    ap.add_argument("--asset", default="cold_start", help="the package's folder under data/assets/")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides of the recipe (default experiment=tiny_score)")
     args = ap.parse_args()
+    recipe = args.overrides or ["experiment=tiny_score"]
+    asset = ASSETS / args.asset
     if not args.check:
-        built = build(None)
-        manifest = package(built)
-        print(f"packaged {built.name}: {len(manifest['files'])} files -> {ASSET_DIR}")
+        built = build(None, recipe)
+        manifest = package(built, asset)
+        size = sum((asset / n).stat().st_size for n in manifest["files"])
+        print(f"packaged {built.name}: {len(manifest['files'])} files, {size / 1e6:.1f} MB -> {asset}")
         return 0
     import json
 
-    want = json.loads((ASSET_DIR / MANIFEST).read_text())
+    want = json.loads((asset / MANIFEST).read_text())
     with tempfile.TemporaryDirectory() as tmp:
-        built = build(Path(tmp))
-        got = {p.name: file_sha256(p) for p in built.iterdir() if p.is_file()}
+        built = build(Path(tmp), recipe)
+        got = {str(p.relative_to(built)): file_sha256(p) for p in built.rglob("*") if p.is_file()}
     from score_lightning.sft.cache import META_FILE
 
     same_key = built.name == want["key"]

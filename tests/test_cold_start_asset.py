@@ -46,3 +46,65 @@ def test_install_copies_a_complete_checkpoint_and_refuses_a_damaged_one(tmp_path
     (damaged / "model.safetensors").write_bytes(bytes(blob))
     target = tmp_path / "bad" / key
     assert install_packaged(target, asset=damaged) is False and not target.exists()
+
+
+def test_lora_cold_start_packages_its_adapter_and_installs_file_for_file(tmp_path, tiny_ckpt, corpus_file, cache_dir,
+                                                                        caplog):
+    """``sft.lora.enabled``: the cold start RL loads is a plain checkpoint (merged) whose embeddings are the base's;
+    its package holds the adapter, not the weights; installing it on the same base rebuilds the trained files
+    exactly; on another base it does not apply and says so by name; a damaged adapter is refused."""
+    import logging
+
+    import torch
+    from omegaconf import open_dict
+    from safetensors.torch import load_file
+
+    from score_lightning.policy.lora import is_lora
+    from score_lightning.policy.models import load_policy
+    from score_lightning.sft import run_sft
+    from score_lightning.sft.asset import package
+    from score_lightning.sft.cache import checkpoint_digest
+    from test_sft import _cfg
+
+    cfg = _cfg(tmp_path, corpus_file, cache_dir, lora={"enabled": True, "r": 4, "alpha": 8,
+                                                       "target_modules": "all-linear", "dropout": 0.0})
+    out = run_sft(cfg, str(tiny_ckpt))
+    assert (out / "adapter" / "adapter_model.safetensors").is_file() and not is_lora(load_policy(out))
+    base, merged = load_file(str(tiny_ckpt / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    moved = {k for k in base if not torch.equal(base[k], merged[k])}
+    assert moved and all(k.endswith("proj.weight") for k in moved), sorted(moved)[:4]  # linears only, merged in
+
+    asset = tmp_path / "assets" / "cold_start_lora"
+    manifest = package(out, asset)
+    assert manifest["adapter"] is True and manifest["base"] == checkpoint_digest(tiny_ckpt)
+    assert "model.safetensors" not in manifest["files"] and "adapter/adapter_model.safetensors" in manifest["files"]
+    size = sum((asset / n).stat().st_size for n in manifest["files"])
+    assert size < (out / "model.safetensors").stat().st_size / 4
+
+    fresh = tmp_path / "fresh" / out.name
+    assert install_packaged(fresh, asset=asset, base_path=tiny_ckpt) and is_complete(fresh)
+    for name in ("model.safetensors", "adapter/adapter_model.safetensors", "config.json", "tokenizer.json"):
+        assert file_sha256(fresh / name) == file_sha256(out / name), name
+
+    other = tmp_path / "other_base"  # the same recipe on another base: its key differs, and the log says why
+    shutil.copytree(tiny_ckpt, other)
+    weights = load_file(str(other / "model.safetensors"))
+    from safetensors.torch import save_file
+
+    save_file({k: v + 1e-3 if k.endswith("norm.weight") else v for k, v in weights.items()},
+              str(other / "model.safetensors"), metadata={"format": "pt"})
+    from score_lightning.sft.cache import sft_output_path
+
+    with open_dict(cfg):
+        cfg.sft.cache_dir = str(tmp_path / "cache2")
+    target, inputs = sft_output_path(cfg, str(other))
+    with caplog.at_level(logging.WARNING, logger="score_lightning.sft.asset"):
+        assert install_packaged(target, asset=asset, base_path=other, inputs=inputs) is False
+    assert "cold_start_lora" in caplog.text and "this run's base" in caplog.text and not target.exists()
+
+    damaged = tmp_path / "assets" / "damaged"
+    shutil.copytree(asset, damaged)
+    blob = bytearray((damaged / "adapter" / "adapter_model.safetensors").read_bytes())
+    blob[-1] ^= 0xFF
+    (damaged / "adapter" / "adapter_model.safetensors").write_bytes(bytes(blob))
+    assert install_packaged(tmp_path / "bad" / out.name, asset=damaged, base_path=tiny_ckpt) is False

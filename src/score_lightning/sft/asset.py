@@ -9,23 +9,32 @@ instead of training; any changed input gives another key, and the cold start is 
 The asset holds the checkpoint only: the cache directory's ``run_config.json`` (the installing run's
 evaluation settings, written by ``sft/run.py``) is not packaged, so the asset does not depend on which
 run built it.
+
+Every folder under ``data/assets/`` with a manifest is a packaged cold start; the one whose key is the
+run's is installed. A LoRA cold start (``sft.lora.enabled``, :mod:`~score_lightning.sft.adapter_asset`)
+is packaged as its adapter, a few MB: installing it merges the adapter into the run's base checkpoint.
+Its manifest also names the base it was trained on and a digest of every other key input, so a run of
+the same recipe on another base (a changed GGUF, say) is told by name why the package does not apply.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from score_lightning.evaluation.settings import RUN_CONFIG
 from score_lightning.files import file_sha256
 
 log = logging.getLogger(__name__)
 
-ASSET_DIR = Path(__file__).resolve().parents[1] / "data" / "assets" / "cold_start"
+ASSETS = Path(__file__).resolve().parents[1] / "data" / "assets"
+ASSET_DIR = ASSETS / "cold_start"  # experiment=tiny_score's (all weights of the tiny model)
 MANIFEST = "manifest.json"
 
 
@@ -34,43 +43,94 @@ def packaged_key(asset: Path = ASSET_DIR) -> str | None:
     return json.loads(manifest.read_text())["key"] if manifest.is_file() else None
 
 
-def install_packaged(out: Path, asset: Path = ASSET_DIR) -> bool:
-    """Copy the packaged cold start to ``out`` when its key is ``out``'s; False when it does not apply.
+def packaged_assets(root: Path = ASSETS) -> list[Path]:
+    """Every packaged cold start: the folders under ``root`` with a manifest."""
+    return sorted(p.parent for p in root.glob(f"*/{MANIFEST}")) if root.is_dir() else []
 
-    Every file is checked against the manifest's sha256; a mismatch refuses the asset (and the
-    caller trains), so a damaged checkout can never hand RL a corrupt model.
+
+def recipe_digest(inputs: dict[str, Any]) -> str:
+    """A digest of a cold start's key inputs without its base checkpoint: the same recipe on any base."""
+    rest = {k: v for k, v in inputs.items() if k != "base"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def install_packaged(out: Path, asset: Path | None = None, base_path: str | Path | None = None,
+                     inputs: dict[str, Any] | None = None) -> bool:
+    """Install the packaged cold start whose key is ``out``'s; False when none applies (the caller trains).
+
+    ``asset``: that package only (default: every one under ``data/assets``). A LoRA package needs
+    ``base_path``, the run's base checkpoint, to merge into. Every file is checked against the manifest's
+    sha256; a mismatch refuses the asset, so a damaged checkout never hands RL a corrupt model. With
+    ``inputs`` (the run's key inputs), a package of the same recipe on another base is named in a warning.
     """
-    manifest = asset / MANIFEST
-    if not manifest.is_file() or json.loads(manifest.read_text())["key"] != out.name:
+    candidates = [asset] if asset is not None else packaged_assets()
+    manifests = {a: json.loads((a / MANIFEST).read_text()) for a in candidates if (a / MANIFEST).is_file()}
+    match = next((a for a, m in manifests.items() if m["key"] == out.name), None)
+    if match is None:
+        if inputs is not None:
+            for a, m in manifests.items():
+                if m.get("recipe") == recipe_digest(inputs):
+                    log.warning("sft: the packaged cold start %s (%s) was trained on base %s, this run's base is "
+                                "%s: it does not apply, so the cold start is trained", a.name, m["key"],
+                                str(m.get("base"))[:16], str(inputs.get("base"))[:16])
         return False
-    files = json.loads(manifest.read_text())["files"]
+    manifest = manifests[match]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-asset-"))
     try:
-        for name, digest in files.items():
-            shutil.copyfile(asset / name, tmp / name)
+        for name, digest in manifest["files"].items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(match / name, tmp / name)
             if file_sha256(tmp / name) != digest:
-                log.warning("packaged cold start: %s does not match its manifest; training instead", name)
+                log.warning("packaged cold start %s: %s does not match its manifest; training instead", match.name,
+                            name)
                 shutil.rmtree(tmp, ignore_errors=True)
                 return False
+        if manifest.get("adapter"):
+            if base_path is None:
+                raise ValueError(f"the packaged cold start {match.name} is a LoRA adapter: installing it needs the "
+                                 "base checkpoint")
+            from score_lightning.sft.adapter_asset import ADAPTER_DIR, rebuild_from_adapter
+
+            rebuild_from_adapter(base_path, tmp / ADAPTER_DIR, tmp, manifest["lora"], manifest.get("dtype", "float32"))
         os.rename(tmp, out)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
         return out.is_dir()  # another process installed it first
-    log.info("sft: installed the packaged cold start %s (no training)", out.name)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("sft: installed the packaged cold start %s from %s (no training)", out.name, match.name)
     return True
 
 
 def package(built: Path, asset: Path = ASSET_DIR) -> dict:
-    """Store a built cold start (a cache directory ``sft-<key>``) as the packaged asset."""
+    """Store a built cold start (a cache directory ``sft-<key>``) as a packaged asset: all its files, or, for a
+    LoRA cold start, all but the merged weights (the adapter and the metadata; a few MB)."""
+    from score_lightning.sft.cache import META_FILE
+
+    meta = json.loads((built / META_FILE).read_text()) if (built / META_FILE).is_file() else {}
+    lora = (meta.get("inputs", {}).get("sft") or {}).get("lora")
     if asset.exists():
         shutil.rmtree(asset)
     asset.mkdir(parents=True)
+    if lora:
+        from score_lightning.sft.adapter_asset import adapter_files
+
+        paths = adapter_files(built)
+    else:
+        paths = sorted(p for p in built.iterdir() if p.is_file())
     files = {}
-    for p in sorted(built.iterdir()):
-        if p.is_file() and p.name != RUN_CONFIG:
-            shutil.copyfile(p, asset / p.name)
-            files[p.name] = file_sha256(p)
-    manifest = {"key": built.name, "files": files}
+    for p in paths:
+        name = str(p.relative_to(built))
+        if name == RUN_CONFIG:
+            continue
+        (asset / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(p, asset / name)
+        files[name] = file_sha256(p)
+    manifest: dict[str, Any] = {"key": built.name, "files": files}
+    if lora:
+        manifest.update(adapter=True, lora=lora, dtype=meta["inputs"].get("dtype", "float32"),
+                        base=meta["inputs"]["base"], recipe=recipe_digest(meta["inputs"]))
     (asset / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return manifest

@@ -92,6 +92,8 @@ def sft_key_inputs(cfg: DictConfig, model_path: str) -> dict[str, Any]:
     for knob, off in _OFF_VALUES.items():  # a knob at its "off" value leaves every existing key (the packaged) as is
         if s.get(knob, off) == off:
             s.pop(knob, None)
+    if not (s.get("lora") or {}).get("enabled", False):  # all weights train: the adapter's shape is no input
+        s.pop("lora", None)
     return {
         "base": checkpoint_digest(model_path),
         "sft": s,

@@ -116,7 +116,7 @@ def run_sft(cfg: DictConfig, model_path: str) -> Path:
         if not is_complete(out) and bool(cfg.sft.get("use_packaged", True)):
             from score_lightning.sft.asset import install_packaged
 
-            install_packaged(out)  # the default tiny model's cold start ships with the package
+            install_packaged(out, base_path=model_path, inputs=inputs)  # tiny_score's ships with the package
         if is_complete(out):
             _record_settings(out, cfg, out.name)
             meta = json.loads((out / META_FILE).read_text())
@@ -158,7 +158,9 @@ def _build(cfg: DictConfig, model_path: str, out: Path, inputs: dict, loggers: l
     t_demos = time.perf_counter() - t0
     log.info("sft: %d demonstrations in %.1fs (%s)", len(demos), t_demos,
              ", ".join(f"{k}={v}" for k, v in info["built"].items()))
-    model = load_policy(model_path, str(cfg.model.dtype), bool(cfg.model.get("gradient_checkpointing", False)))
+    lora = OmegaConf.to_container(s.lora, resolve=True) if s.get("lora") else None
+    model = load_policy(model_path, str(cfg.model.dtype), bool(cfg.model.get("gradient_checkpointing", False)),
+                        lora=lora)  # sft.lora.enabled: only adapters train, packaged as the adapter alone
     top = s.get("trainable_layers")
     if top is not None:  # the cold start trains what RL trains: below them no graph, no recomputation, no backward
         from score_lightning.policy.top_layers import train_top_layers
@@ -190,7 +192,14 @@ def _build(cfg: DictConfig, model_path: str, out: Path, inputs: dict, loggers: l
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-sft-"))
     meta = {"inputs": inputs, "metrics": metrics, "demos": info, "base_model": str(model_path)}
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        from score_lightning.policy.lora import is_lora
+
+        if is_lora(model):  # merged weights for RL, adapter/ for the package
+            from score_lightning.sft.adapter_asset import save_cold_start
+
+            save_cold_start(model, tmp)
+        else:
+            model.save_pretrained(tmp, safe_serialization=True)
         AutoTokenizer.from_pretrained(str(model_path)).save_pretrained(tmp)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True, default=str))
         _record_settings(tmp, cfg, out.name)

@@ -164,6 +164,9 @@ def check_sft(c: Checks) -> None:
       "null (all weights train) or an integer >= 1 (the top N decoder layers and the final norm train)")
     c("sft.scoring_contrast", lambda v: not isinstance(v, bool) and 0.0 <= float(v) <= 1.0,
       "a share in [0, 1] of scoring prompts built as one report and its minimal edits")
+    if c.get("sft.lora.enabled", False) is True and c.get("sft.trainable_layers") is not None:
+        c.add("sft.lora.enabled=true with sft.trainable_layers: choose one way to train a part of the model in the "
+              "cold start (adapters in every layer, or the top N layers)")
     path = pretrained_model(c.cfg)
     if path is None or not sft_enabled(c.cfg):
         return
