@@ -7,7 +7,7 @@
                                                   # a LoRA cold start: its adapter alone is packaged (a few MB)
 
 The cold start is trained exactly as ``python src/train.py <overrides>`` would (same config, same key),
-with one torch thread per process so the float reductions run in one order. A run whose key equals a
+with one torch thread per process (``--threads``) so the float reductions run in one order. A run whose key equals a
 package's installs it instead of training (``score_lightning.sft.asset``).
 """
 
@@ -24,15 +24,15 @@ sys.path.insert(0, str(ROOT / "src"))
 os.environ.setdefault("PROJECT_ROOT", str(ROOT))
 
 
-def build(cache_dir: Path | None, recipe: list[str]) -> Path:
+def build(cache_dir: Path | None, recipe: list[str], threads: int = 1) -> Path:
     import torch
     from hydra import compose, initialize_config_dir
 
     from score_lightning.sft import run_sft
     from score_lightning.launch.training import resolve_model_path
 
-    torch.set_num_threads(1)
-    overrides = [*recipe, "sft.use_packaged=false"]
+    torch.set_num_threads(threads)
+    overrides = [*recipe, "sft.use_packaged=false", f"threads.num={threads}"]
     if cache_dir is not None:
         overrides.append(f"paths.cache_dir={cache_dir}")
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
@@ -46,12 +46,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="rebuild from scratch and compare with the packaged files")
     ap.add_argument("--asset", default="cold_start", help="the package's folder under data/assets/")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (a --check reproduces bit for bit only at the thread count the build used)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of the recipe (default experiment=tiny_score)")
     args = ap.parse_args()
     recipe = args.overrides or ["experiment=tiny_score"]
     asset = ASSETS / args.asset
     if not args.check:
-        built = build(None, recipe)
+        built = build(None, recipe, args.threads)
         manifest = package(built, asset)
         size = sum((asset / n).stat().st_size for n in manifest["files"])
         print(f"packaged {built.name}: {len(manifest['files'])} files, {size / 1e6:.1f} MB -> {asset}")
@@ -60,7 +62,7 @@ def main() -> int:
 
     want = json.loads((asset / MANIFEST).read_text())
     with tempfile.TemporaryDirectory() as tmp:
-        built = build(Path(tmp), recipe)
+        built = build(Path(tmp), recipe, args.threads)
         got = {str(p.relative_to(built)): file_sha256(p) for p in built.rglob("*") if p.is_file()}
     from score_lightning.sft.cache import META_FILE
 
