@@ -154,21 +154,19 @@ def load_results(dirs: list[Path], tag: str) -> list[dict]:
     cell are refused (pooled twice, a cell would narrow every interval); a cell and its archived copy (the same
     cards and curves) count once."""
     files = sorted({p.resolve() for d in dirs for p in d.rglob("result.json")})
-    cells: dict[tuple[str, int], Path] = {}
-    results = []
+    cells: dict[tuple[str, int], tuple[Path, dict]] = {}
     for path in files:
         r = json.loads(path.read_text())
         if r.get("tag", "") != tag:
             continue
         key = (r["condition"], r["seed"])
         if key in cells:
-            first = next(x for x in results if (x["condition"], x["seed"]) == key)
+            seen, first = cells[key]
             if all(first.get(f) == r.get(f) for f in ("heldout", "heldout_greedy", "train", "set")):
                 continue
-            raise SystemExit(f"two results for {key[0]}:{key[1]}: {cells[key]} and {path}; merge one of them")
-        cells[key] = path
-        results.append(r)
-    return results
+            raise SystemExit(f"two results for {key[0]}:{key[1]}: {seen} and {path}; merge one of them")
+        cells[key] = (path, r)
+    return [r for _, r in cells.values()]
 
 
 def main() -> int:

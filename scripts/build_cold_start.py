@@ -4,7 +4,7 @@
     python scripts/build_cold_start.py            # train it (or take the cache) and store it in data/assets/cold_start
     python scripts/build_cold_start.py --check    # retrain in a fresh cache; compare every file's sha256
     python scripts/build_cold_start.py --asset cold_start_smol experiment=smol_score sft.lora.enabled=true
-                                                  # a LoRA cold start: its adapter alone is packaged (a few MB)
+                                                  # a LoRA cold start: its adapter alone is packaged
 
 The cold start is trained exactly as ``python src/train.py <overrides>`` would (same config, same key),
 with one torch thread per process (``--threads``) so the float reductions run in one order. A run whose key equals a
@@ -67,8 +67,10 @@ def main() -> int:
     from score_lightning.sft.cache import META_FILE
 
     same_key = built.name == want["key"]
-    # the metadata records wall times; every other file (weights, tokenizer, config) must be identical
-    diff = sorted(n for n in want["files"] if n != META_FILE and got.get(n) != want["files"][n])
+    # the metadata records wall times, and a LoRA adapter's config the building machine's base path (an install
+    # merges the weights, not that file); every other file (weights, tokenizer, config) must be identical
+    ignored = {META_FILE, "adapter/adapter_config.json"}
+    diff = sorted(n for n in want["files"] if n not in ignored and got.get(n) != want["files"][n])
     print(f"key {'matches' if same_key else 'differs: ' + built.name}; files differing: {diff or 'none'}")
     return 0 if same_key and not diff else 1
 

@@ -1,19 +1,19 @@
 """A cold start trained as a LoRA adapter (``sft.lora.enabled``), and rebuilt from that adapter alone.
 
 Why: a real model's all-weights cold start is its full weights (SmolLM2-135M: 0.54 GB), too large to
-ship in git, so every fresh clone trains it (38 minutes on one thread). Its LoRA adapter is a few MB.
+ship in git, so every fresh clone trained it (38 minutes on one thread). Its LoRA adapter (r 8) is 9.8 MB.
 The cache directory of a LoRA cold start holds both, as an RL export does
 (:func:`~score_lightning.policy.export.save_policy`): the merged weights, which RL, vLLM and
 ``scripts/evaluate.py`` load as a plain checkpoint, and ``adapter/`` in PEFT's format, which is what
 :mod:`~score_lightning.sft.asset` packages. Installing the package loads the base, sets the adapter
 into the same LoRA layers and writes the merged weights with the same function, so an installed cold
-start is the trained one, file for file (the merge runs on one thread: a float reduction in one order).
+start has the trained one's weights, configs and tokenizer file for file (the merge runs on one thread: a float
+reduction in one order); only ``adapter/adapter_config.json`` differs, naming the local base checkpoint.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -79,10 +79,3 @@ def adapter_files(built: Path) -> list[Path]:
     if not (built / ADAPTER_DIR / "adapter_model.safetensors").is_file():
         raise ValueError(f"{built} is not a LoRA cold start (no {ADAPTER_DIR}/adapter_model.safetensors)")
     return keep
-
-
-def lora_block(built: Path) -> dict[str, Any]:
-    """The ``sft.lora`` block a LoRA cold start was trained with (from its metadata's key inputs)."""
-    from score_lightning.sft.cache import META_FILE
-
-    return dict(json.loads((built / META_FILE).read_text())["inputs"]["sft"]["lora"])
