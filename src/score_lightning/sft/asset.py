@@ -12,7 +12,8 @@ run built it.
 
 Every folder under ``data/assets/`` with a manifest is a packaged cold start; the one whose key is the
 run's is installed. A LoRA cold start (``sft.lora.enabled``, :mod:`~score_lightning.sft.adapter_asset`)
-is packaged as its adapter (SmolLM2: 13.4 MB with its tokenizer): installing it merges the adapter into the run's base checkpoint.
+is packaged as its adapter (SmolLM2: 13.4 MB with its tokenizer): installing it merges the adapter into
+the run's base checkpoint.
 Its manifest also names the base it was trained on and a digest of every other key input, so a run of
 the same recipe on another base (a changed GGUF, say) is told by name why the package does not apply.
 """
