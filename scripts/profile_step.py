@@ -82,28 +82,34 @@ ORDER = ("step", "rubric", "solver rollouts", "scoring", "solver update", "  old
          "  backward", "  optimiser", "evaluator update")
 
 
-def instrument(meter: StageMeter) -> None:
-    """Wrap the stage functions where ``ScoreModule`` and ``solver_update`` look them up."""
+def instrument(meter: StageMeter, patch=setattr) -> None:
+    """Wrap the stage functions where the step looks them up (``patch``: ``setattr``, or a test's ``monkeypatch``).
+
+    ``ScoreModule.training_step`` calls the updates; the generating stages are the ``GenerationHooks`` of
+    ``step/generation.py``, which look up ``solver_rollouts`` there; the solver update's log-prob passes are
+    looked up in ``step/solver_update.py``.
+    """
     import torch
 
     import score_lightning.module as M
+    import score_lightning.step.generation as G
     import score_lightning.step.solver_update as SU
 
-    M.solver_rollouts = meter.wrap("solver rollouts", M.solver_rollouts)
-    M.solver_update = meter.wrap("solver update", M.solver_update)
-    M.evaluator_update = meter.wrap("evaluator update", M.evaluator_update)
-    SU.chunked_logprobs = meter.wrap("  old/ref log-probs", SU.chunked_logprobs)
+    patch(G, "solver_rollouts", meter.wrap("solver rollouts", G.solver_rollouts))
+    patch(M, "solver_update", meter.wrap("solver update", M.solver_update))
+    patch(M, "evaluator_update", meter.wrap("evaluator update", M.evaluator_update))
+    patch(SU, "chunked_logprobs", meter.wrap("  old/ref log-probs", SU.chunked_logprobs))
     plain, timed = SU.policy_logprobs, meter.wrap("  forward (grad)", SU.policy_logprobs)
-    SU.policy_logprobs = lambda *a, **k: (timed if torch.is_grad_enabled() else plain)(*a, **k)  # no-grad: old/ref
+    patch(SU, "policy_logprobs", lambda *a, **k: (timed if torch.is_grad_enabled() else plain)(*a, **k))  # no-grad: old/ref
     score, hooks, training_step = M.ScoreModule.score, M.ScoreModule.optimizer_hooks, M.ScoreModule.training_step
-    M.ScoreModule.score = lambda self, ro: meter.wrap("scoring", score)(self, ro)
+    patch(M.ScoreModule, "score", lambda self, ro: meter.wrap("scoring", score)(self, ro))
 
     def _hooks(self, phase, model):
         h = hooks(self, phase, model)
         h.backward, h.step = meter.wrap("  backward", h.backward), meter.wrap("  optimiser", h.step)
         return h
 
-    M.ScoreModule.optimizer_hooks = _hooks
+    patch(M.ScoreModule, "optimizer_hooks", _hooks)
 
     def step(self, batch, batch_idx):
         if not getattr(self.rubric_source, "_profiled", False):
@@ -121,7 +127,7 @@ def instrument(meter: StageMeter) -> None:
               flush=True)
         return out
 
-    M.ScoreModule.training_step = step
+    patch(M.ScoreModule, "training_step", step)
 
 
 def report(meter: StageMeter, warm: list[dict]) -> dict:
@@ -134,22 +140,25 @@ def report(meter: StageMeter, warm: list[dict]) -> dict:
         print(f"| {label} | {med('time'):.1f} | {med('peak'):.0f} | {med('faults') / 1e6:.2f} |")
     return {"step_s_median": statistics.median(s["time"]["step"] for s in warm),
             "peak_rss_mb": max(s["peak"]["step"] for s in meter.steps),
-            **{f"{k.strip().split()[0]}_s": statistics.median(s["time"].get(k, 0.0) for s in warm)
-               for k in ("solver rollouts", "scoring", "solver update")}}
+            **{key: statistics.median(s["time"].get(label, 0.0) for s in warm)
+               for key, label in (("rollouts_s", "solver rollouts"), ("scoring_s", "scoring"),
+                                  ("update_s", "solver update"))}}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None, patch=setattr) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=3, help="SCORE steps; the first is reported but not in the medians")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. experiment=smol_score")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     from score_lightning.launch.training import run
 
     print(bc.machine_line(), flush=True)
     meter = StageMeter()
-    instrument(meter)
+    instrument(meter, patch)
+    out = [] if any(o.startswith("paths.output_dir=") for o in a.overrides) else \
+        [f"paths.output_dir={ROOT / 'logs' / 'profile_step' / time.strftime('%Y%m%d-%H%M%S')}"]
     cfg = bc.compose([*a.overrides, f"trainer.max_steps={a.steps}", "trainer.enable_progress_bar=false",
-                      "logger=csv", f"paths.output_dir={ROOT / 'logs' / 'profile_step' / time.strftime('%Y%m%d-%H%M%S')}"])
+                      "logger=csv", *out])
     t0 = time.perf_counter()
     run(cfg, module_hook=lambda m: print(f"model ready: RSS {bc.rss_mb():.0f} MiB after {time.perf_counter() - t0:.0f} s",
                                          flush=True))
