@@ -60,6 +60,8 @@ CONDITIONS: dict[str, list[str]] = {
     "arco": ["experiment=arco_tiny"],
     # a real pretrained model (SmolLM2-135M-Instruct) with its own cold start: its own table, never pooled
     "smol_score": ["experiment=smol_score"],
+    "smol_rule": ["experiment=rule_smol"],
+    "smol_frozen": ["experiment=smol_score", "solver.freeze=true", "actor.shared=false"],
 }
 DEFAULT = "frozen_solver,rule,grpo_baseline,score"
 CARD_KEYS = ("grounded_valid", "format_valid", "citation_precision", "coverage", "length")
