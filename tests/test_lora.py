@@ -181,6 +181,7 @@ def test_lora_config_is_validated_and_a_separate_evaluator_refused_by_name():
     validate_config(compose(FAST + ["~model.lora"]))  # a preset without the block: LoRA off
 
 
+@pytest.mark.multiprocess  # two or more training processes: make test-multiprocess (CI runs it)
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_processes_train_the_same_adapters_as_one(lora_run, tmp_path, strategy):
     """DDP and FSDP2 on 2 CPU processes (gloo): the merged export equals the 1-process run's.

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from helpers import FAST, ROOT, read_scalars
@@ -70,6 +71,7 @@ def _launch_two_nodes(args: list[str], launcher: str = "torchrun") -> None:
         assert p.returncode == 0, f"node rank {rank} exited {p.returncode}:\n{out[-4000:]}"
 
 
+@pytest.mark.multiprocess  # two or more training processes: make test-multiprocess (CI runs it)
 def test_two_torchrun_nodes_train_checkpoint_and_resume(tmp_path, tiny_ckpt, corpus_file):
     out = tmp_path / "run"  # one folder both nodes write (a shared file system on a real cluster)
     _launch_two_nodes(COMMON + ["trainer.max_steps=2", f"paths.output_dir={out}"])
@@ -86,6 +88,7 @@ def test_two_torchrun_nodes_train_checkpoint_and_resume(tmp_path, tiny_ckpt, cor
     assert steps == [0, 1, 2]  # one continuous curve in the shared folder
 
 
+@pytest.mark.multiprocess  # two or more training processes: make test-multiprocess (CI runs it)
 def test_two_srun_tasks_train_and_checkpoint(tmp_path, tiny_ckpt, corpus_file):
     out = tmp_path / "run"
     _launch_two_nodes(COMMON + ["trainer.max_steps=2", f"paths.output_dir={out}"], launcher="srun")

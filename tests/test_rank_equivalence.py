@@ -41,6 +41,7 @@ def single(tmp_path_factory, tiny_ckpt, corpus_file):
     return out, _train(out, ["strategy=single"])
 
 
+@pytest.mark.multiprocess  # two or more training processes: make test-multiprocess (CI runs it)
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_processes_match_one_process(tmp_path, single, tiny_ckpt, strategy):
     out1, w1 = single
@@ -63,6 +64,7 @@ def test_two_processes_match_one_process(tmp_path, single, tiny_ckpt, strategy):
 POINTWISE = ["evaluator.scoring=pointwise", "evaluator.show_retrieved=true"]
 
 
+@pytest.mark.multiprocess  # two or more training processes: make test-multiprocess (CI runs it)
 def test_pointwise_scoring_on_two_processes_matches_one_process(tmp_path, tiny_ckpt):
     """``evaluator.scoring=pointwise`` (one evaluation per report, each rank scoring its own queries' reports):
     DDP on 2 processes ends with the weights and scalars of 1 process."""

@@ -222,6 +222,7 @@ def test_sigterm_saves_exits_75_and_resume_completes(tmp_path, tiny_ckpt, mode):
 # ---------------------------------------------------------------- SIGKILL under asynchronous rollouts
 
 
+@pytest.mark.multiprocess  # two or more training processes: make test-multiprocess (CI runs it)
 def test_sigkill_during_an_async_run_resumes_to_the_uninterrupted_run(tmp_path, tiny_ckpt):
     """SIGKILL the trainer while its worker generates, resume with ckpt_path=last: the end equals an
     uninterrupted asynchronous run of the same seed bit for bit (HF engine: the worker seeds each batch from

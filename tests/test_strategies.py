@@ -26,6 +26,7 @@ def _meta(ckpt):
     return torch.load(path, weights_only=True)
 
 
+@pytest.mark.multiprocess  # two or more training processes: make test-multiprocess (CI runs it)
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_process_run_and_resume(tmp_path, tiny_ckpt, corpus_file, strategy):
     out = tmp_path / strategy
