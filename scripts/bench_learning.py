@@ -122,12 +122,14 @@ def run_cell(cond: str, seed: int, horizons: list[int], out: Path, tag: str, ext
 
 def archive_cell(result: dict, archive: Path) -> Path:
     """A portable copy of a finished cell under ``archive`` (a tracked folder): its ``result.json`` with paths
-    relative to the repository, and its last export's ``run_config.json`` (the settings the merge cards the
-    cold start under). A study spans sessions; ``logs/`` does not, so what a merge reads must live in git."""
+    relative to the repository, its last export's ``run_config.json`` (the settings the merge cards the
+    cold start under) and ``environment.json`` (package versions and CPU, for comparing reruns). A study spans sessions; ``logs/`` does not, so what a merge reads must live in git."""
     run = cell_dir(archive, result["condition"], result.get("tag", ""), result["seed"])
     run.mkdir(parents=True, exist_ok=True)
     export = _resolve(result["export"])
     (run / "run_config.json").write_text((export / "run_config.json").read_text())
+    if (export / "environment.json").is_file():  # package versions and CPU (exports written before it have none)
+        (run / "environment.json").write_text((export / "environment.json").read_text())
     portable = dict(result, export=_relative(run), cold_start_model=_relative(_resolve(result["cold_start_model"])))
     (run / "result.json").write_text(json.dumps(portable, indent=1) + "\n")
     return run

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -131,6 +132,8 @@ def test_export_script_rebuilds_the_exported_policy(tmp_path, tiny_ckpt):
     from score_lightning.evaluation import _run_budgets
 
     budgets = _run_budgets(str(out / "export"))
+    record = json.loads((out / "export" / "environment.json").read_text())  # versions and CPU beside the weights
+    assert record["packages"]["torch"] == torch.__version__ and record["torch_cpu_capability"]
     cfg = compose(STEP)
     assert budgets == {"max_tool_calls": cfg.solver.max_tool_calls, "max_response_tokens": cfg.solver.max_response_tokens,
                        "max_observation_tokens": cfg.solver.max_observation_tokens, "topk": cfg.solver.topk}

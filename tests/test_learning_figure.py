@@ -71,6 +71,7 @@ def test_archived_cell_is_portable_and_merges_as_the_local_one(tmp_path, monkeyp
     export = tmp_path / "logs" / "study" / "rule" / "seed31" / "export_s160"
     export.mkdir(parents=True)
     (export / "run_config.json").write_text('{"solver": {"temperature": 1.0}}')
+    (export / "environment.json").write_text('{"packages": {"numpy": "2.4.6"}}')
     cold = tmp_path / ".cache" / "sft" / "sft-abc"
     result = {"condition": "rule", "seed": 31, "tag": "", "set": ["threads.num=1"], "horizons": [80, 160],
               "train": {"steps": 160, "reward_slope": 0.01}, "heldout": {"160": {"grounded_valid": 0.4}},
@@ -80,6 +81,7 @@ def test_archived_cell_is_portable_and_merges_as_the_local_one(tmp_path, monkeyp
     copy = json.loads((run / "result.json").read_text())
     assert copy["export"] == "docs/studies/v9/rule/seed31" and copy["cold_start_model"] == ".cache/sft/sft-abc"
     assert (run / "run_config.json").read_text() == '{"solver": {"temperature": 1.0}}'
+    assert (run / "environment.json").read_text() == '{"packages": {"numpy": "2.4.6"}}'
     assert bench_learning._resolve(copy["export"]) == run and bench_learning._resolve(str(export)) == export
     kept = ("heldout", "heldout_greedy", "train")
     assert {k: copy[k] for k in kept} == {k: result[k] for k in kept}

@@ -10,6 +10,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from score_lightning.errors import TrainingHalted
+from score_lightning.glue.environment import write_environment
 
 log = logging.getLogger("score_lightning.module")
 
@@ -46,6 +47,7 @@ class OutputHooks:
             self.tokenizer.save_pretrained(out)
             # the run's resolved config beside the weights: evaluation takes the solver budgets from it
             (out / "run_config.json").write_text(json.dumps(OmegaConf.to_container(self.cfg, resolve=True), indent=1))
+            write_environment(out)  # package versions and CPU: what two runs of one seed on two machines may differ in
         return out
 
 
