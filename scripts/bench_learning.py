@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from study_cells import run_logged, train_horizons, training_summary  # noqa: E402
+from study_cells import run_in_lanes, run_logged, train_horizons, training_summary  # noqa: E402
 from study_report import T975, ci95, fmt, report, summary_lines, write_section  # noqa: E402
 
 CONDITIONS: dict[str, list[str]] = {
@@ -173,6 +173,25 @@ def load_results(dirs: list[Path], tag: str) -> list[dict]:
     return [r for _, r in cells.values()]
 
 
+def _lanes(args: argparse.Namespace, conditions: list[str], out: Path) -> list[dict]:
+    """``--lanes N``: every cell as its own ``--only`` process, N at a time; then the finished cells' results."""
+    import os
+
+    args.threads = args.threads or max(1, (os.cpu_count() or 1) // args.lanes)
+    cells = [(c, s) for s in args.seeds + args.tuning_seeds for c in conditions]
+    flags = ["--steps", str(args.steps), "--horizons", ",".join(map(str, args.horizons)), "--samples", str(args.samples),
+             "--out", str(out.resolve()), "--threads", str(args.threads), *(["--tag", args.tag] if args.tag else []),
+             *(["--archive", str(Path(args.archive).resolve())] if args.archive else []),
+             *(["--train-only"] if args.train_only else []), *(["--set", *args.set] if args.set else [])]
+    failed = run_in_lanes(cells, args.lanes, lambda c, s: [sys.executable, __file__, "--only", f"{c}:{s}", *flags],
+                          out / "lanes", args.threads)
+    if failed:
+        raise SystemExit("cells failed (rerun the same command: finished cells are kept, a stopped one resumes):\n  "
+                         + "\n  ".join(failed))
+    wanted = set(cells)
+    return [r for r in load_results([out], args.tag) if (r["condition"], r["seed"]) in wanted]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--conditions", default=DEFAULT, help=f"comma list of {sorted(CONDITIONS)}")
@@ -189,6 +208,8 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "logs" / "bench_learning"))
     ap.add_argument("--only", default=None, help="run one cell CONDITION:SEED and stop (one machine of many)")
     ap.add_argument("--train-only", action="store_true", help="with --only: train (every horizon), card later")
+    ap.add_argument("--lanes", type=int, default=1, help="run the cells as N processes at a time (seed-major), "
+                    "each with --threads torch threads (default: the CPUs / N), then merge them")
     ap.add_argument("--archive", default=None, help="copy each finished cell's result here (a tracked folder), "
                     "so a study that spans sessions merges from git, e.g. docs/studies/v9")
     ap.add_argument("--merge", nargs="*", default=None, help="read result.json files below these dirs; train nothing")
@@ -200,6 +221,7 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown condition(s) {unknown}; allowed {sorted(CONDITIONS)}")
     horizons = sorted({int(h) for h in (args.horizons.split(",") if args.horizons else [args.steps])} | {args.steps})
+    args.horizons = horizons
     if max(horizons) != args.steps:
         ap.error(f"--horizons {horizons} must not go past --steps {args.steps}")
     out = Path(args.out)
@@ -219,6 +241,12 @@ def main() -> int:
     if args.merge is not None:
         results = load_results([out, *map(Path, args.merge)], args.tag)
         results = [r for r in results if r["condition"] in conditions and r["seed"] in args.seeds + args.tuning_seeds]
+    elif args.lanes > 1:
+        results = _lanes(args, conditions, out)
+        if args.train_only:
+            print(f"trained {len(conditions) * len(args.seeds + args.tuning_seeds)} cells; card them with --lanes "
+                  f"{args.lanes} without --train-only")
+            return 0
     else:
         results = [cell(c, s) for s in args.seeds + args.tuning_seeds for c in conditions]
     if not results:

@@ -104,3 +104,29 @@ def training_summary(run: Path) -> dict:
         out[key] = mean(vals) if vals else math.nan
     out["steps"] = len(sc.get("solver/reward_mean", []))
     return out
+
+
+def run_in_lanes(cells: list[tuple[str, int]], lanes: int, command_of, log_dir: Path,
+                 threads: int) -> list[str]:
+    """Run each cell as its own process (``command_of(condition, seed)``), ``lanes`` at a time, in the given
+    order (seed-major: a study cut short holds whole seeds); each process gets ``threads`` torch threads so the
+    lanes never oversubscribe the machine. Returns the failed cells, each with its log; a failure does not stop
+    the other lanes (its cell reruns, and resumes, next time)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+
+    def one(cell: tuple[str, int]) -> str | None:
+        cond, seed = cell
+        log = log_dir / f"{cond}_seed{seed}.lane.log"
+        t0 = time.time()
+        print(f"lane: start {cond}:{seed}", flush=True)
+        with open(log, "a") as fh:
+            code = subprocess.run(command_of(cond, seed), cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
+                                  env=env).returncode
+        print(f"lane: end {cond}:{seed} rc={code} after {time.time() - t0:.0f} s", flush=True)
+        return None if code == 0 else f"{cond}:{seed} (exit {code}; log: {log})"
+
+    with ThreadPoolExecutor(max_workers=max(1, lanes)) as pool:
+        return [f for f in pool.map(one, cells) if f is not None]

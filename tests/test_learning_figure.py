@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +112,57 @@ def test_study_summary_lines_and_paired_differences_by_hand():
     diffs = [0.2, 0.25, 0.45]  # rule minus frozen, seed by seed
     m, h = sum(diffs) / 3, t975[2] * __import__("statistics").stdev(diffs) / math.sqrt(3)
     assert f"+{m:.3f} ± {h:.3f}" in paired and "| 3 |" in paired
+
+
+def test_lanes_run_cells_n_at_a_time_in_seed_major_order_and_report_failures(tmp_path):
+    """bench_learning --lanes: real processes, at most N at once, started in the given order, one thread each;
+    a failed cell is named with its log and does not stop the others."""
+    import json
+    import sys
+
+    from study_cells import run_in_lanes
+
+    child = ("import json, os, sys, time, pathlib; d = pathlib.Path(sys.argv[1]); c = sys.argv[2]; "
+             "(d / (c + '.start')).write_text(json.dumps([time.time(), os.environ['OMP_NUM_THREADS']])); "
+             "time.sleep(0.4); (d / (c + '.end')).write_text(str(time.time())); sys.exit(3 if c == 'rule_32' else 0)")
+    cells = [("rule", 31), ("score", 31), ("rule", 32), ("score", 32), ("rule", 33)]
+    failed = run_in_lanes(cells, 2, lambda c, s: [sys.executable, "-c", child, str(tmp_path), f"{c}_{s}"],
+                          tmp_path / "lanes", threads=1)
+    assert len(failed) == 1 and failed[0].startswith("rule:32 (exit 3; log: ") and "rule_seed32.lane.log" in failed[0]
+    spans = {f"{c}_{s}": (json.loads((tmp_path / f"{c}_{s}.start").read_text())[0],
+                          float((tmp_path / f"{c}_{s}.end").read_text())) for c, s in cells}
+    assert all(json.loads((tmp_path / f"{c}_{s}.start").read_text())[1] == "1" for c, s in cells)
+    starts = sorted(spans, key=lambda k: spans[k][0])
+    assert set(starts[:2]) == {"rule_31", "score_31"}
+    assert starts[2:] in (["rule_32", "score_32", "rule_33"], ["score_32", "rule_32", "rule_33"])
+    # never more than 2 at once: at each start, count the cells running
+    for k, (t0, _) in spans.items():
+        assert sum(1 for a, b in spans.values() if a <= t0 < b) <= 2, k
+
+
+def test_lanes_pass_each_cell_the_studys_flags_and_merge_what_finished(tmp_path, monkeypatch):
+    import argparse
+    import json
+
+    import bench_learning
+
+    seen: dict = {}
+
+    def fake_lanes(cells, lanes, command_of, log_dir, threads):
+        seen.update(cells=cells, lanes=lanes, threads=threads, cmd=command_of("rule", 31))
+        for c, s in cells:
+            run = tmp_path / "out" / c / f"seed{s}"
+            run.mkdir(parents=True)
+            (run / "result.json").write_text(json.dumps({"condition": c, "seed": s, "tag": "", "heldout": {}}))
+        return []
+
+    monkeypatch.setattr(bench_learning, "run_in_lanes", fake_lanes)
+    args = argparse.Namespace(threads=None, lanes=2, seeds=[41, 42], tuning_seeds=[], steps=40, horizons=[20, 40],
+                              samples=8, tag="", archive="docs/studies/x", train_only=False, set=["optim.lr=2e-4"])
+    results = bench_learning._lanes(args, ["rule", "score"], tmp_path / "out")
+    assert seen["cells"] == [("rule", 41), ("score", 41), ("rule", 42), ("score", 42)] and seen["lanes"] == 2
+    cmd = seen["cmd"]
+    assert cmd[cmd.index("--only") + 1] == "rule:31" and cmd[cmd.index("--horizons") + 1] == "20,40"
+    assert cmd[cmd.index("--threads") + 1] == str(seen["threads"]) and seen["threads"] >= 1
+    assert Path(cmd[cmd.index("--archive") + 1]).is_absolute() and cmd[-2:] == ["--set", "optim.lr=2e-4"]
+    assert sorted((r["condition"], r["seed"]) for r in results) == sorted(seen["cells"])
