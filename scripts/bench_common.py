@@ -154,14 +154,9 @@ def machine_line() -> str:
     import torch
     import transformers
 
-    model = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from score_lightning.glue.environment import cpu_model
+
+    model = cpu_model() or "unknown CPU"
     try:
         import psutil
 

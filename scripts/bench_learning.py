@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -123,7 +124,8 @@ def run_cell(cond: str, seed: int, horizons: list[int], out: Path, tag: str, ext
 def archive_cell(result: dict, archive: Path) -> Path:
     """A portable copy of a finished cell under ``archive`` (a tracked folder): its ``result.json`` with paths
     relative to the repository, its last export's ``run_config.json`` (the settings the merge cards the
-    cold start under) and ``environment.json`` (package versions and CPU, for comparing reruns). A study spans sessions; ``logs/`` does not, so what a merge reads must live in git."""
+    cold start under) and ``environment.json`` (package versions and CPU, for comparing reruns). A study spans
+    sessions; ``logs/`` does not, so what a merge reads must live in git."""
     run = cell_dir(archive, result["condition"], result.get("tag", ""), result["seed"])
     run.mkdir(parents=True, exist_ok=True)
     export = _resolve(result["export"])
@@ -175,8 +177,6 @@ def load_results(dirs: list[Path], tag: str) -> list[dict]:
 
 def _lanes(args: argparse.Namespace, conditions: list[str], out: Path) -> list[dict]:
     """``--lanes N``: every cell as its own ``--only`` process, N at a time; then the finished cells' results."""
-    import os
-
     args.threads = args.threads or max(1, (os.cpu_count() or 1) // args.lanes)
     cells = [(c, s) for s in args.seeds + args.tuning_seeds for c in conditions]
     flags = ["--steps", str(args.steps), "--horizons", ",".join(map(str, args.horizons)), "--samples", str(args.samples),

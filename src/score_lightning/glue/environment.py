@@ -32,7 +32,7 @@ def environment_record() -> dict:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
-    return {"python": platform.python_version(), "platform": platform.platform(), "cpu": _cpu_model(),
+    return {"python": platform.python_version(), "platform": platform.platform(), "cpu": cpu_model() or platform.processor() or "unknown",
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "cuda": torch.version.cuda,
             "packages": versions}
 
@@ -44,11 +44,12 @@ def write_environment(directory: str | Path) -> Path:
     return path
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str | None:
+    """The ``model name`` line of ``/proc/cpuinfo`` (``None`` where there is none): benchmarks print it too."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    return None
