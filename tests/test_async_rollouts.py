@@ -46,10 +46,13 @@ def _values(scalars: dict, tag: str) -> list[float]:
 @pytest.mark.parametrize("recipe", ["scripted", "dynamic_sampling"])
 def test_max_staleness_0_reproduces_sync_bit_for_bit(tmp_path, tiny_ckpt, corpus_file, recipe):
     """The worker generates each step's batch under that step's weights, harness state and scheduler hints:
-    3 steps equal rollout.mode=sync exactly (exported weights, logged rewards, baseline, harness versions)."""
+    3 steps equal rollout.mode=sync exactly (exported weights, logged rewards, baseline, harness versions).
+
+    Both trainers get one torch thread (async splits threads.num=2 into trainer 1 + worker 1): at threads=auto
+    on 2 cores, sync would update with 2 threads and async with 1, and the float reductions differ in the last bit."""
     base = (SCRIPTED if recipe == "scripted" else DRAWS) + ["trainer.max_steps=3"]
-    _run(tmp_path / "sync", base)
-    _run(tmp_path / "async", base + ["rollout.mode=async", "rollout.max_staleness=0"])
+    _run(tmp_path / "sync", base + ["threads.num=1"])
+    _run(tmp_path / "async", base + ["rollout.mode=async", "rollout.max_staleness=0", "threads.num=2"])
     a, b = _export(tmp_path / "sync"), _export(tmp_path / "async")
     start = load_file(next(Path(tiny_ckpt).glob("*.safetensors")))
     assert max(float((a[k] - start[k]).abs().max()) for k in a) > 1e-4, "nothing trained: the comparison is vacuous"
