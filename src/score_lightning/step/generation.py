@@ -58,6 +58,7 @@ class GenerationHooks:
         else:
             rubrics = StepRubric([rubric_of.first] * len(queries), [], rubric_of.valid, rubric_of.error,
                                  fallback=[bool(rubric_of.fallback and rubric_of.fallback[0])] * len(queries))
+        self._release_caches()  # a stage boundary (see _release_caches)
         solver = solver_rollouts(self.engine, self.tokenizer, self.retriever, queries, rubrics.per_query,
                                  self.harness_state, self.rollout_settings)
         return StepRollouts(list(queries), rubrics, evidence, errors, solver, query_ids=ids)
@@ -71,6 +72,7 @@ class GenerationHooks:
             return rule_step_rewards(answers, ro, self.K, self.reward_settings.rule_quality)
         reports = [[a.answer if a.answer else None for a in answers[i:i + self.K]] for i in range(0, len(answers), self.K)]
         sources = [[t.retrieved_ids for t in ro.solver[i:i + self.K]] for i in range(0, len(ro.solver), self.K)]
+        self._release_caches()  # a stage boundary (see _release_caches)
         ro.scoring = scoring_rollouts(self.evaluator_engine, self.tokenizer, self.retriever, ro.queries, reports,
                                       ro.rubrics.per_query, self.harness_state, self.rollout_settings, sources)
         self._release_caches()
@@ -98,5 +100,11 @@ class GenerationHooks:
         return ro, rw, drawn
 
     def _release_caches(self) -> None:
-        for engine in (self.engine, self.evaluator_engine):  # rollouts done: drop the HF engines' stored KV caches
+        """Drop the HF engines' stored KV caches (``rollout/kv_cache.PrefixStore``) at every stage boundary and
+        when rollouts are done. The store serves the later turns of one stage's rows; a stage's rows never extend
+        another stage's (each role's system prompt parts from the others' within a few tokens, far below the
+        store's 16-token minimum reuse), so a stored cache of the rubric or solver calls only held memory during
+        the next stage: on SmolLM2, the solver's turns (~0.5 GB) stayed alive through pointwise scoring. Dropping
+        them changes no computation."""
+        for engine in (self.engine, self.evaluator_engine):
             getattr(engine, "release_cache", lambda: None)()
