@@ -3,6 +3,7 @@ changes no computation: no row of one stage could have reused another stage's st
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -38,13 +39,6 @@ def _stage_prompts(tok) -> dict[str, list[list[int]]]:
     }
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
 @pytest.mark.parametrize("which", ["tiny", "smollm2"])
 def test_no_row_of_a_stage_extends_a_stored_row_of_the_stage_before(which, tokenizer):
     """The stores' minimum reuse is 16 tokens; across a boundary (rubric -> solver -> scoring) the prompts part
@@ -55,7 +49,7 @@ def test_no_row_of_a_stage_extends_a_stored_row_of_the_stage_before(which, token
     stages = _stage_prompts(tok)
     floor = PrefixStore(0).min_reuse
     for before, after in (("rubric", "solver"), ("solver", "scoring")):
-        longest = max(_common_prefix(a, b) for a in stages[before] for b in stages[after])
+        longest = max(len(os.path.commonprefix([a, b])) for a in stages[before] for b in stages[after])
         assert 0 < longest < floor, (which, before, after, longest)
 
 

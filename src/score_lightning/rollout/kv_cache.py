@@ -17,7 +17,8 @@ Why, at a real vocabulary and depth (SmolLM2: 30 layers; Qwen2.5: 24-28):
   300-token prompt and three searches, most of a rollout's compute. :class:`PrefixStore` keeps the
   caches of the last calls; a row whose context extends a stored row reuses that row's keys and
   values for the common prefix, and only the new tokens (the observation) run. The store is
-  dropped as soon as the weights change (an optimiser step bumps the parameters' version counters).
+  dropped as soon as the weights change (an optimiser step bumps the parameters' version counters),
+  and by the step at each stage boundary (``step/generation.py``: no stage's rows extend another's).
 
 Numerics: cached keys and values are the same tensors a plain ``generate`` computes for each row
 (a row's KV depends only on its own tokens and positions), up to the summation order of a batch of
