@@ -64,7 +64,7 @@ def test_lora_cold_start_packages_its_adapter_and_installs_file_for_file(tmp_pat
     from score_lightning.sft import run_sft
     from score_lightning.sft.asset import package
     from score_lightning.sft.cache import checkpoint_digest
-    from test_sft import _cfg
+    from test_sft_training import _cfg
 
     cfg = _cfg(tmp_path, corpus_file, cache_dir, lora={"enabled": True, "r": 4, "alpha": 8,
                                                        "target_modules": "all-linear", "dropout": 0.0})
