@@ -90,6 +90,14 @@ def heldout_card(model: Path, out: Path, samples: int, settings_of: Path | None 
     return json.loads(card.read_text())
 
 
+def study_subject(export: Path) -> str:
+    """The model a study trained, for its figure's title: a packaged GGUF by its file, a checkpoint by its path."""
+    model = json.loads((export / "run_config.json").read_text()).get("model") or {}
+    if (model.get("gguf") or {}).get("file"):
+        return Path(model["gguf"]["file"]).name.split(".")[0]
+    return str(model.get("name_or_path") or "the embedded default")
+
+
 def card_values(card: dict) -> dict:
     """The card's means, and its per-query grounded validity (for paired, query-level comparisons)."""
     s = card["summary"]
@@ -280,7 +288,7 @@ def main() -> int:
     if args.figure:
         from learning_figure import draw
 
-        draw(fresh, cold, conditions, Path(args.figure), T975, str(args.steps))
+        draw(fresh, cold, conditions, Path(args.figure), T975, str(args.steps), subject=study_subject(ref))
         print(f"figure: {args.figure}")
     if not args.no_append:
         write_section(text, lines, sys.argv, conditions, sorted({r["seed"] for r in fresh}), horizons, args.samples)

@@ -42,8 +42,9 @@ def _interval(vals: list[float], t975: dict[int, float]) -> tuple[float, float]:
 
 
 def draw(results: list[dict], baseline_card: dict, conditions: list[str], out: Path, t975: dict[int, float],
-         horizon: str) -> None:
-    """``results``: the cells' ``result.json`` contents; their held-out cards at ``horizon`` steps are drawn."""
+         horizon: str, subject: str = "the embedded default") -> None:
+    """``results``: the cells' ``result.json`` contents; their held-out cards at ``horizon`` steps are drawn.
+    ``subject`` names the model in the title, so a figure of one study is not read as another's."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -78,7 +79,7 @@ def draw(results: list[dict], baseline_card: dict, conditions: list[str], out: P
     ax.set_xticks(range(len(CARD_METRICS)), [name for _, name in CARD_METRICS])
     ax.set_title(f"held-out card after {horizon} steps: Δ over the cold start")
     ax.grid(alpha=0.3, axis="y")
-    fig.suptitle(f"Learning on the embedded default: {len(seeds)} seeds ({', '.join(map(str, seeds))}); "
+    fig.suptitle(f"Learning on {subject}: {len(seeds)} seeds ({', '.join(map(str, seeds))}); "
                  "lines and points are means, bands and bars 95% t-intervals over seeds", fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)

