@@ -20,7 +20,11 @@ Reported per condition, mean and 95% t-interval over seeds: the change in held-o
 each horizon, the reward's least-squares slope over all steps (per 100 steps), and the paired (same seed)
 differences between conditions. The last lines are one per condition::
 
-    condition=NAME seeds=N heldout_valid_delta=+x heldout_valid_delta_ci=[lo,hi] reward_slope=+y reward_slope_ci=[lo,hi]
+    condition=NAME seeds=N heldout_valid_delta=+x heldout_valid_delta_ci=[lo,hi] heldout_recall_delta=+r
+        heldout_recall_delta_ci=[lo,hi] reward_slope=+y reward_slope_ci=[lo,hi]
+
+(one line each; ``heldout_recall_delta`` is the change in the card's ``item_recall``, the share of each held-out
+query's evidence items a sampled answer satisfies; ``nan`` for cards made before it existed.)
 
 ``--tuning-seeds`` are run and reported apart, never pooled with the study's seeds.
 """
@@ -65,7 +69,7 @@ CONDITIONS: dict[str, list[str]] = {
     "smol_frozen": ["experiment=smol_score", "solver.freeze=true", "actor.shared=false"],
 }
 DEFAULT = "frozen_solver,rule,grpo_baseline,score"
-CARD_KEYS = ("grounded_valid", "format_valid", "citation_precision", "coverage", "length")
+CARD_KEYS = ("grounded_valid", "format_valid", "citation_precision", "coverage", "item_recall", "length")
 
 
 def cell_dir(out: Path, cond: str, tag: str, seed: int) -> Path:

@@ -159,7 +159,13 @@ def main() -> int:
     kind = str(cfg.reward.get("rule_quality", "retrieved_cited"))  # q(r): the rule reward's, ranked against
     tops = [[h.id for h in hits] for hits in retriever.search(group_queries, int(cfg.solver.topk))] \
         if kind == "coverage" else [[] for _ in group_queries]  # D_q^0: the query's top BM25 passages
-    quality = [rule_quality(kind, a.cited_ids, t.retrieved_ids, tops[i // K])
+    items_of = {}
+    if kind == "item_recall":  # the query's evidence items (reward.items_path), found by prompt
+        from score_lightning.items.format import load_items
+
+        items_of = {e.prompt: e.items for e in load_items(cfg.reward.get("items_path")).values()}
+    quality = [rule_quality(kind, a.cited_ids, t.retrieved_ids, tops[i // K], report=a.answer or "",
+                            items=items_of.get(group_queries[i // K], ()))
                for i, (a, t) in enumerate(zip(answers, trajs))]
     print(f"groups {args.groups} (K={K}), rubrics sampled valid {np.mean([p.valid for p in parses]):.2f}, "
           f"answers valid {np.mean([a.valid for a in answers]):.2f}, constrained scoring {settings.constrained_scoring}, "

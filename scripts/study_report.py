@@ -45,6 +45,10 @@ def interval(values: list[float], digits: int = 3) -> tuple[str, str]:
     return f"{m:+.{digits}f}", f"[{m - h:+.{digits}f},{m + h:+.{digits}f}]"
 
 
+def _num(v: float | None) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
+
+
 def delta(r: dict, cold: dict, horizon: int, key: str = "grounded_valid") -> float:
     card = r["heldout"].get(str(horizon), {})
     v, c = card.get(key), cold.get(key)
@@ -74,14 +78,16 @@ def report(results: list[dict], cold: dict, conditions: list[str], horizons: lis
     last = max(horizons)
     conds = [c for c in conditions if any(r["condition"] == c for r in results)]
     head = (["condition", "seeds"] + [f"Δ grounded valid @{h}" for h in horizons]
-            + [f"Δ citation precision @{last}", f"Δ format valid @{last}", f"Δ greedy grounded valid @{last}",
+            + [f"Δ item recall @{last}", f"Δ citation precision @{last}", f"Δ format valid @{last}",
+               f"Δ greedy grounded valid @{last}",
                "reward slope /100 steps", "validity-part slope /100 steps", "zero-variance groups",
                "score gap valid − invalid", "within-group τ (valid)"])
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for c in conds:
         rows = [r for r in results if r["condition"] == c]
         cells = [c, str(len(rows))] + [fmt([delta(r, cold, h) for r in rows]) for h in horizons]
-        cells += [fmt([delta(r, cold, last, "citation_precision") for r in rows]),
+        cells += [fmt([delta(r, cold, last, "item_recall") for r in rows]),
+                  fmt([delta(r, cold, last, "citation_precision") for r in rows]),
                   fmt([delta(r, cold, last, "format_valid") for r in rows]), fmt([greedy_delta(r, cold) for r in rows]),
                   fmt([r["train"]["reward_slope"] for r in rows]), fmt([r["train"]["validity_slope"] for r in rows]),
                   fmt([r["train"].get("zero_variance_mean", math.nan) for r in rows]),
@@ -90,7 +96,7 @@ def report(results: list[dict], cold: dict, conditions: list[str], horizons: lis
         lines.append("| " + " | ".join(cells) + " |")
     cold_line = (f"Cold start (the same held-out rollouts and settings): grounded valid {cold.get('grounded_valid', math.nan):.3f}, "
                  f"format valid {cold.get('format_valid', math.nan):.3f}, citation precision "
-                 f"{cold.get('citation_precision', math.nan):.3f}.")
+                 f"{cold.get('citation_precision', math.nan):.3f}, item recall {_num(cold.get('item_recall'))}.")
     pairs = [(a, b) for i, a in enumerate(conds) for b in conds[i + 1:]]
     if pairs:
         lines += ["", cold_line, "", f"Paired differences (same seed), at {last} steps:", "",
@@ -112,8 +118,10 @@ def summary_lines(results: list[dict], cold: dict, conditions: list[str], horizo
         if not rows:
             continue
         dv, dv_ci = interval([delta(r, cold, horizon) for r in rows])
+        dr, dr_ci = interval([delta(r, cold, horizon, "item_recall") for r in rows])
         sl, sl_ci = interval([r["train"]["reward_slope"] for r in rows])
         out.append(f"condition={c} seeds={len(rows)} heldout_valid_delta={dv} heldout_valid_delta_ci={dv_ci} "
+                   f"heldout_recall_delta={dr} heldout_recall_delta_ci={dr_ci} "
                    f"reward_slope={sl} reward_slope_ci={sl_ci}")
     return out
 

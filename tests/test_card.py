@@ -135,3 +135,51 @@ def test_card_cli_baseline_prints_differences_and_exits_2_on_other_settings(tmp_
     err = capsys.readouterr().err
     assert err.startswith("error: cannot compare") and "solver.temperature (1.0 this, 0.0 baseline)" in err
     assert "Traceback" not in err
+
+
+def test_item_recall_by_hand_and_cards_on_other_item_sets_are_refused(tmp_path):
+    """item_recall: per sample the share of the query's items satisfied (0 unless grounded-valid), the query's
+    mean over samples; queries without items (or with another prompt) have none; another item set is refused."""
+    from score_lightning.items.format import EvidenceItem, QueryItems
+
+    items = {"1": QueryItems("1", "q1", [EvidenceItem("a", ("t0",), ("alpha",)), EvidenceItem("b", ("t1",), ("beta",))]),
+             "2": QueryItems("2", "another prompt", [EvidenceItem("a", ("t0",), ())])}
+    arts = [{"id": 1, "prompt": "q1", "article": "x"}, {"id": 2, "prompt": "q2", "article": "y"}]
+    srcs = [_rec(1, 0, "alpha [t0] and beta [t1]", True, retrieved=("t0", "t1")),  # both items: 1
+            _rec(1, 1, "alpha [t0] and beta [t1]", True, retrieved=("t0",)),  # [t1] never retrieved: 1/2
+            _rec(1, 2, "alpha [t0] and beta [t1]", False, retrieved=("t0", "t1")),  # not grounded-valid: 0
+            _rec(1, 3, "alpha and beta [t0]", True, retrieved=("t0", "t1")),  # beta's passage not cited: 1/2
+            _rec(2, 0, "y [t0]", True)]
+    ident = {"path": "items.jsonl", "digest": "sha256:aa"}
+    card = report_card(*_write(tmp_path, arts, srcs), Top(), 2, {"settings": SETTINGS}, items, ident)
+    rows = {r["id"]: r for r in card["per_query"]}
+    assert rows[1]["item_recall"] == pytest.approx((1 + 0.5 + 0 + 0.5) / 4)
+    assert rows[2]["item_recall"] is None  # its items were written for another prompt
+    assert card["summary"]["item_recall"]["n"] == 1 and card["items"] == ident
+    assert compare_cards(card, card)["metrics"]["item_recall"]["delta"] == 0.0
+    other = {**card, "items": {"path": "items.jsonl", "digest": "sha256:bb"}}
+    with pytest.raises(CardMismatch, match="different item sets") as err:
+        compare_cards(card, other)
+    assert err.value.keys == ["items"]
+    with pytest.raises(CardMismatch, match="different item sets"):
+        compare_cards(card, {**card, "items": None})
+
+
+def test_card_cli_scores_item_recall_on_the_embedded_items(tmp_path, corpus_file, cache_dir):
+    from score_lightning.items.format import EMBEDDED_ITEMS_PATH, file_digest, load_items
+
+    entry = load_items()["q003"]
+    it = entry.items[0]
+    answer = f"The documentation: {' '.join(it.terms)} [{it.evidence[0]}]. Conclusion: done."
+    arts, _ = _write(tmp_path, [{"id": "q003", "prompt": entry.prompt, "article": answer}],
+                     [_rec("q003", 0, answer, True, retrieved=it.evidence)], name="held")
+    common = ["--corpus", str(corpus_file), "--index-dir", str(cache_dir / "bm25")]
+    assert main(["card", "--articles", str(arts), *common]) == 0
+    card = json.loads((tmp_path / "held.card.json").read_text())
+    satisfied = sum(bool(set(x.evidence) & set(it.evidence)) and all(t in it.terms for t in x.terms)
+                    for x in entry.items)  # items citing the same passage with terms the answer states
+    assert satisfied >= 1
+    assert card["summary"]["item_recall"]["mean"] == pytest.approx(satisfied / len(entry.items))
+    assert card["items"] == {"path": "embedded", "digest": file_digest(EMBEDDED_ITEMS_PATH)}
+    assert main(["card", "--articles", str(arts), *common, "--items", "none", "--out", str(tmp_path / "n.json")]) == 0
+    assert json.loads((tmp_path / "n.json").read_text())["summary"]["item_recall"]["n"] == 0

@@ -54,9 +54,9 @@ def test_bench_learning_pipeline_produces_a_complete_table(tmp_path):
                           capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| rule |") or line.startswith("| frozen_solver |")]
-    assert len(rows) == 2 and all(len(r.strip("|").split("|")) == 12 for r in rows), rows
+    assert len(rows) == 2 and all(len(r.strip("|").split("|")) == 13 for r in rows), rows
     line = re.compile(r"condition=(\w+) seeds=1 heldout_valid_delta=([+-]\d+\.\d{3}) heldout_valid_delta_ci=\[nan,nan\] "
-                      r"reward_slope=([+-]\d+\.\d{3}|nan) reward_slope_ci=\[nan,nan\]$")
+                      r"heldout_recall_delta=([+-]\d+\.\d{3}) heldout_recall_delta_ci=\[nan,nan\] reward_slope=([+-]\d+\.\d{3}|nan) reward_slope_ci=\[nan,nan\]$")
     found = [m.group(1) for m in map(line.match, proc.stdout.splitlines()) if m]
     assert found == ["rule", "frozen_solver"], proc.stdout[-2000:]
     assert "| rule − frozen_solver | 1 |" in proc.stdout
@@ -64,5 +64,6 @@ def test_bench_learning_pipeline_produces_a_complete_table(tmp_path):
     for cond in ("rule", "frozen_solver"):
         result = json.loads((tmp_path / cond / "seed1" / "result.json").read_text())
         assert set(result["heldout"]) == {"1", "2"} and result["train"]["steps"] == 2
-        assert {"grounded_valid", "format_valid", "citation_precision"} <= set(result["heldout"]["2"])
+        assert {"grounded_valid", "format_valid", "citation_precision", "item_recall"} <= set(result["heldout"]["2"])
+        assert 0.0 <= result["heldout"]["2"]["item_recall"] <= result["heldout"]["2"]["grounded_valid"]
         assert (tmp_path / cond / "seed1" / "export_s1" / "run_config.json").is_file()

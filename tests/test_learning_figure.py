@@ -97,16 +97,18 @@ def test_study_summary_lines_and_paired_differences_by_hand():
     from study_report import report, summary_lines
 
     assert slope([1.0, 2.0, 3.0, 4.0]) == pytest.approx(1.0) and math.isnan(slope([1.0]))
-    cold = {"grounded_valid": 0.1, "format_valid": 0.7, "citation_precision": 0.8}
+    cold = {"grounded_valid": 0.1, "format_valid": 0.7, "citation_precision": 0.8, "item_recall": 0.05}
     cells = []
     for cond, gains in (("rule", (0.2, 0.3, 0.4)), ("frozen_solver", (0.0, 0.05, -0.05))):
         for seed, g in zip((31, 32, 33), gains):
-            cells.append({"condition": cond, "seed": seed, "heldout": {"160": {"grounded_valid": 0.1 + g}},
+            cells.append({"condition": cond, "seed": seed,
+                          "heldout": {"160": {"grounded_valid": 0.1 + g, "item_recall": 0.05 + g / 2}},
                           "train": {"reward_slope": g, "validity_slope": g}})
     lines = summary_lines(cells, cold, ["rule", "frozen_solver"], 160)
     half = t975[2] * 0.1 / math.sqrt(3)  # stdev(0.2, 0.3, 0.4) = 0.1
     assert lines[0] == (f"condition=rule seeds=3 heldout_valid_delta=+0.300 heldout_valid_delta_ci=[{0.3 - half:+.3f},"
-                        f"{0.3 + half:+.3f}] reward_slope=+0.300 reward_slope_ci=[{0.3 - half:+.3f},{0.3 + half:+.3f}]")
+                        f"{0.3 + half:+.3f}] heldout_recall_delta=+0.150 heldout_recall_delta_ci=[{0.15 - half / 2:+.3f},"
+                        f"{0.15 + half / 2:+.3f}] reward_slope=+0.300 reward_slope_ci=[{0.3 - half:+.3f},{0.3 + half:+.3f}]")
     text = report(cells, cold, ["rule", "frozen_solver"], [160])
     paired = next(line for line in text.splitlines() if line.startswith("| rule − frozen_solver"))
     diffs = [0.2, 0.25, 0.45]  # rule minus frozen, seed by seed

@@ -125,7 +125,7 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Li
         t2 = time.perf_counter()
         record_rewards(sc, ro, rw, self.K, self.reward_settings.verifier_enabled, self.reward_settings.zero)
         record_rollouts(sc, ro)
-        record_ranking(sc, ro, rw, self.K, self.reward_settings.rule_quality)
+        record_ranking(sc, ro, rw, self.K, self.reward_settings.rule_quality, self.reward_settings.items_path)
         sc.mean("solver/zero_variance_group_rate", drawn[0], drawn[1])
         sc.max("solver/sampling_draws", drawn[2])
         metrics: dict[str, float] = dict(ro.rubrics.stats)

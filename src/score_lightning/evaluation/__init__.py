@@ -99,12 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--max-source-chars", type=int, default=8_000, help="source passage text sent to the judge (0: all)")
     j.add_argument("--no-progress", action="store_true")
     c = sub.add_parser("card", help="a deterministic held-out report card (no LLM): grounded and format validity, "
-                                    "citation precision, coverage, length with 95%% query-bootstrap CIs")
+                                    "citation precision, coverage, item recall, length with 95%% query-bootstrap CIs")
     c.add_argument("--articles", required=True, help="article JSONL written by generate")
     c.add_argument("--sources", default=None, help="companion sources file (default: <articles>.sources.jsonl)")
     c.add_argument("--corpus", default=None, help="bm25 corpus for coverage (default: the embedded stdlib corpus)")
     c.add_argument("--index-dir", default=None, help="bm25 index cache dir")
     c.add_argument("--coverage-k", type=int, default=5, help="top BM25 passages per query that coverage counts")
+    c.add_argument("--items", default="embedded", help="evidence items for item_recall (scripts/build_rubrics.py): "
+                   "a file, 'embedded' (the embedded queries' own) or 'none'")
     c.add_argument("--out", default=None, help="write the card as JSON here (default: <articles>.card.json)")
     c.add_argument("--settings", default=None, help="the settings generate recorded (default: <articles>.settings.json)")
     c.add_argument("--baseline", default=None, help="another card JSON: print each metric's difference (this card "
@@ -204,7 +206,8 @@ def _card(args: argparse.Namespace) -> int:
                                             "this card cannot be compared with another", settings)
     baseline = load_card(args.baseline) if args.baseline else None  # a bad path fails before the work
     retriever = build_retriever("bm25", corpus_path=args.corpus, index_dir=args.index_dir)
-    card = report_card(articles, sources, retriever, args.coverage_k, generation)
+    items, items_set = _card_items(args.items)
+    card = report_card(articles, sources, retriever, args.coverage_k, generation, items, items_set)
     out = Path(args.out) if args.out else articles.with_name(articles.stem + ".card.json")
     out.write_text(json.dumps(card, indent=1))
     if card["settings"] is not None:
@@ -220,6 +223,16 @@ def _card(args: argparse.Namespace) -> int:
         print(f"\nthis card minus {args.baseline} (paired over {cmp['queries']} queries):")
         print(render_comparison(cmp))
     return 0
+
+
+def _card_items(choice: str) -> tuple[dict | None, dict | None]:
+    """The card's item set and its identity, from ``--items``."""
+    if choice == "none":
+        return None, None
+    from score_lightning.items.format import EMBEDDED_ITEMS_PATH, file_digest, load_items
+
+    path = EMBEDDED_ITEMS_PATH if choice == "embedded" else Path(choice)
+    return load_items(path), {"path": choice if choice == "embedded" else str(path), "digest": file_digest(path)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,14 +13,19 @@ before the sources held the article text, the article file's sample 0):
   retrieved (an uncited answer has none: it is left out of this mean, and counted as ``uncited``);
 * **coverage**: share of the query's top ``coverage_k`` BM25 passages (the project's BM25 over the
   same corpus, queried with the question) that the answer cites;
+* **item_recall**: the share of the query's evidence items (``--items``: the embedded queries' own by
+  default, ``scripts/build_rubrics.py``) that the answer satisfies, each cited, retrieved by its own
+  trajectory and stated (:mod:`score_lightning.rewards.items`); 0 for an answer that is not grounded-valid.
+  Queries without items (or whose prompt differs from the items file's) have none;
 * **length**: words in the answer.
 
 A query's value is the mean over its samples (``generate --samples N``); the card's mean is over queries,
 with a 95% percentile-bootstrap interval that resamples queries (fixed seed, so the card is
 deterministic). With 20 held-out queries x 8 samples, ``grounded_valid``'s standard error is about 0.025
 near 0.1 (a 95% interval of about +-0.03 near 0.05, +-0.05 near 0.125; one sample per query: +-0.11 near 0.1).
-The card carries the settings the articles were generated under (``<articles>.settings.json``), and
-:func:`compare_cards` refuses to compare two cards whose settings differ.
+The card carries the settings the articles were generated under (``<articles>.settings.json``) and the
+digest of the item set it scored ``item_recall`` on; :func:`compare_cards` refuses to compare two cards
+whose settings or item sets differ.
 """
 
 from __future__ import annotations
@@ -34,8 +39,9 @@ import numpy as np
 
 from score_lightning.evaluation.settings import describe_diff, settings_diff
 from score_lightning.rewards.citations import citation_precision, cited_ids
+from score_lightning.rewards.items import ItemLike, item_recall
 
-METRICS = ("grounded_valid", "format_valid", "citation_precision", "coverage", "length")
+METRICS = ("grounded_valid", "format_valid", "citation_precision", "coverage", "item_recall", "length")
 #: names older cards used, read as the current ones
 LEGACY_NAMES = {"validity": "format_valid"}
 
@@ -82,14 +88,20 @@ def grounded_of(source: dict) -> float | None:
     return None
 
 
-def query_scores(article: str, source: dict, top_ids: list[str]) -> dict[str, float | None]:
-    """The scores of one sampled answer (``None``: undefined, e.g. precision of an uncited answer)."""
+def query_scores(article: str, source: dict, top_ids: list[str],
+                 items: list[ItemLike] | None = None) -> dict[str, float | None]:
+    """The scores of one sampled answer (``None``: undefined, e.g. precision of an uncited answer, or
+    ``item_recall`` of a query without items)."""
     cites = cited_ids(article)
+    grounded = grounded_of(source)
+    recall = None if not items or grounded is None else item_recall(items, article, source.get("retrieved_ids", []),
+                                                                     grounded > 0)
     return {
-        "grounded_valid": grounded_of(source),
+        "grounded_valid": grounded,
         "format_valid": float(bool(source["valid_answer"])) if "valid_answer" in source else None,
         "citation_precision": citation_precision(cites, source.get("retrieved_ids", [])),
         "coverage": (len(set(cites) & set(top_ids)) / len(top_ids)) if top_ids else None,
+        "item_recall": recall,
         "length": float(len(article.split())),
     }
 
@@ -115,10 +127,13 @@ def _samples_by_id(sources: Path) -> dict[str, dict[int, dict]]:
     return out
 
 
-def report_card(articles: Path, sources: Path, retriever, coverage_k: int = 5, generation: dict | None = None) -> dict:
+def report_card(articles: Path, sources: Path, retriever, coverage_k: int = 5, generation: dict | None = None,
+                items: dict | None = None, items_set: dict | None = None) -> dict:
     """Per-query scores (means over samples) and the summary with CIs, for every article with a sources record.
 
-    ``generation``: the settings sidecar ``generate`` wrote (its ``settings`` become the card's).
+    ``generation``: the settings sidecar ``generate`` wrote (its ``settings`` become the card's). ``items``:
+    ``{query id: QueryItems}`` (a query's items count only when its prompt is the article's), and
+    ``items_set`` the identity of that file (``{"path", "digest"}``) the card records.
     """
     arts = _read_jsonl(articles)
     srcs = _samples_by_id(sources)
@@ -129,11 +144,13 @@ def report_card(articles: Path, sources: Path, retriever, coverage_k: int = 5, g
         if not recs:
             continue
         top_ids = [h.id for h in top]
+        entry = (items or {}).get(str(art["id"]))
+        its = entry.items if entry is not None and entry.prompt.strip() == str(art["prompt"]).strip() else None
         scores = []
         for k, rec in sorted(recs.items()):
             text = rec.get("article", art["article"] if k == 0 else None)
             if text is not None:
-                scores.append(query_scores(text, rec, top_ids))
+                scores.append(query_scores(text, rec, top_ids, its))
         answers += len(scores)
         uncited += sum(s["citation_precision"] is None for s in scores)
         rows.append({"id": art["id"], "samples": len(scores), **mean_over_samples(scores)})
@@ -141,7 +158,7 @@ def report_card(articles: Path, sources: Path, retriever, coverage_k: int = 5, g
     gen = generation or {}
     return {"queries": len(rows), "answers": answers, "uncited": uncited, "per_query": rows,
             "summary": {m: {"mean": e.mean, "ci95": [e.low, e.high], "n": e.n} for m, e in summary.items()},
-            "settings": gen.get("settings"),
+            "settings": gen.get("settings"), "items": items_set if items else None,
             "generation": {k: v for k, v in gen.items() if k != "settings"} or None}
 
 
@@ -155,6 +172,7 @@ def normalise_card(card: dict) -> dict:
         card["summary"] = summary
         card["per_query"] = [{(new if k == old else k): v for k, v in row.items()} for row in card.get("per_query", [])]
     card.setdefault("settings", None)
+    card.setdefault("items", None)
     return card
 
 
@@ -176,6 +194,10 @@ def compare_cards(card: dict, baseline: dict, resamples: int = 2000) -> dict:
         raise CardMismatch(f"the cards were generated under different settings: "
                            f"{describe_diff(card['settings'], baseline['settings'])}; regenerate one of them under "
                            "the other's settings (see its <articles>.settings.json)", keys)
+    mine_items, their_items = (card["items"] or {}).get("digest"), (baseline["items"] or {}).get("digest")
+    if mine_items != their_items:
+        raise CardMismatch(f"the cards scored item_recall on different item sets ({mine_items or 'none'} against "
+                           f"{their_items or 'none'}); make both with the same --items file", ["items"])
     mine = {str(r["id"]): r for r in card.get("per_query", [])}
     theirs = {str(r["id"]): r for r in baseline.get("per_query", [])}
     if set(mine) != set(theirs):

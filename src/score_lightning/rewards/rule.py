@@ -10,6 +10,9 @@ a programmatic quality, ``reward.rule_quality``:
   above one that cites one of them; citing what it never read already makes a(r) = 0.
 * ``coverage``: the share of the query's top BM25 passages (the step's initial evidence D_q^0) that the
   report cites: finding and using the passages the corpus ranks best for the question.
+* ``item_recall``: the share of the query's evidence items (``reward.items_path``, default the embedded
+  queries' items from ``scripts/build_rubrics.py``) the report satisfies: cited, retrieved and stated
+  (:mod:`score_lightning.rewards.items`). Coverage of what the question asks, passage by passage.
 * ``none``: q = 0, so R = a(r).
 
 Why this arm exists: it separates the trainer's update from the evaluator's competence. If RL cannot
@@ -25,15 +28,23 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
-QUALITIES = ("retrieved_cited", "coverage", "none")
+from score_lightning.rewards.items import ItemLike, satisfied_items
+
+QUALITIES = ("retrieved_cited", "coverage", "item_recall", "none")
 
 
-def rule_quality(kind: str, cited: Sequence[str], retrieved: Iterable[str], top_ids: Iterable[str] = ()) -> float:
-    """q(r) in [0, 1] of one report (see the module docstring); 0 when what it divides by is empty."""
+def rule_quality(kind: str, cited: Sequence[str], retrieved: Iterable[str], top_ids: Iterable[str] = (), *,
+                 report: str = "", items: Sequence[ItemLike] = ()) -> float:
+    """q(r) in [0, 1] of one report (see the module docstring); 0 when what it divides by is empty.
+
+    ``report`` and ``items`` (the query's evidence items) are read by ``item_recall`` only."""
     if kind not in QUALITIES:
         raise ValueError(f"reward.rule_quality={kind!r}: allowed {QUALITIES}")
     if kind == "none":
         return 0.0
+    if kind == "item_recall":
+        verdicts = satisfied_items(items, report, retrieved)
+        return sum(verdicts) / len(verdicts) if verdicts else 0.0
     cites = set(cited)
     pool = list(dict.fromkeys(retrieved if kind == "retrieved_cited" else top_ids))
     return sum(d in cites for d in pool) / len(pool) if pool else 0.0
@@ -47,7 +58,13 @@ def rule_rewards(validity: Tensor, quality: Tensor) -> Tensor:
 
 
 def qualities(kind: str, cited: Sequence[Sequence[str]], retrieved: Sequence[Iterable[str]],
-              top_ids: Sequence[Iterable[str]] | None = None) -> Tensor:
-    """q(r) of every report, as a tensor (``top_ids``: each report's query's D_q^0 ids, for ``coverage``)."""
-    tops = top_ids if top_ids is not None else [()] * len(cited)
-    return torch.tensor([rule_quality(kind, c, r, t) for c, r, t in zip(cited, retrieved, tops)], dtype=torch.float32)
+              top_ids: Sequence[Iterable[str]] | None = None, reports: Sequence[str] | None = None,
+              items: Sequence[Sequence[ItemLike]] | None = None) -> Tensor:
+    """q(r) of every report, as a tensor (``top_ids``: each report's query's D_q^0 ids, for ``coverage``;
+    ``reports`` and ``items``: each report's text and its query's items, for ``item_recall``)."""
+    n = len(cited)
+    tops = top_ids if top_ids is not None else [()] * n
+    texts = reports if reports is not None else [""] * n
+    its = items if items is not None else [()] * n
+    return torch.tensor([rule_quality(kind, c, r, t, report=x, items=i)
+                         for c, r, t, x, i in zip(cited, retrieved, tops, texts, its)], dtype=torch.float32)

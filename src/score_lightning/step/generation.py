@@ -69,7 +69,8 @@ class GenerationHooks:
         if self.reward_settings.source == "rule":  # the known-good reward: no evaluator, no scoring rollouts
             ro.scoring = []
             self._release_caches()
-            return rule_step_rewards(answers, ro, self.K, self.reward_settings.rule_quality)
+            return rule_step_rewards(answers, ro, self.K, self.reward_settings.rule_quality,
+                                     self.reward_settings.items_path)
         reports = [[a.answer if a.answer else None for a in answers[i:i + self.K]] for i in range(0, len(answers), self.K)]
         sources = [[t.retrieved_ids for t in ro.solver[i:i + self.K]] for i in range(0, len(ro.solver), self.K)]
         self._release_caches()  # a stage boundary (see _release_caches)

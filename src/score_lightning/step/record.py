@@ -63,18 +63,18 @@ def record_discrimination(sc: StepScalars, rw: StepRewards) -> None:
     sc.difference("evaluator/score_gap_valid_invalid", "evaluator/score_valid_reports", "evaluator/score_invalid_reports")
 
 
-def record_ranking(sc: StepScalars, ro: StepRollouts, rw: StepRewards, num_rollouts: int, quality: str) -> None:
+def record_ranking(sc: StepScalars, ro: StepRollouts, rw: StepRewards, num_rollouts: int, quality: str,
+                   items_path: str | None = None) -> None:
     """Do the scores rank the *valid* reports of a group as the programmatic quality q(r) does (the only thing
     the score part adds to a(r))? Kendall's tau-b per group with two or more valid, parsed, untied reports,
     pooled as a mean over groups (``evaluator/rank_tau_valid``); the probe's measure, during RL."""
     import numpy as np
 
     from score_lightning.evaluation.score_signal import group_taus
-    from score_lightning.rewards.rule import qualities
+    from score_lightning.step.rule_rewards import step_qualities
 
     n = len(rw.answers)
-    tops = [[d.id for d in ro.evidence[i // num_rollouts]] if ro.evidence else [] for i in range(n)]
-    q = qualities(quality, [a.cited_ids for a in rw.answers], [t.retrieved_ids for t in ro.solver], tops)
+    q = step_qualities(quality, rw.answers, ro, num_rollouts, items_path)
     valid = (rw.validity > 0) & torch.tensor(rw.reports_valid or [False] * n, dtype=torch.bool)
     taus, _, _ = group_taus(rw.rubric_part.numpy(), q.numpy(), valid.numpy(), np.arange(n) // num_rollouts)
     sc.mean("evaluator/rank_tau_valid", float(sum(taus.values())), len(taus))

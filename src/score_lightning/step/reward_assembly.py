@@ -68,6 +68,7 @@ class RewardSettings:
     source: str = "evaluator"  # reward.source: evaluator | rule (step/rule_rewards.py)
     rule_quality: str = "retrieved_cited"  # reward.rule_quality: q(r) of the rule reward
     score_readout: str = "sampled"  # evaluator.score_readout: sampled | expected (how the scores are read)
+    items_path: str | None = None  # reward.items_path: evidence items for rule_quality=item_recall (None: embedded)
 
     @classmethod
     def from_cfg(cls, cfg) -> "RewardSettings":
@@ -77,7 +78,8 @@ class RewardSettings:
                    bool(cfg.verifier.get("tau_from_harness", False)),
                    str(cfg.evaluator.get("on_incomplete", "validity")), str(cfg.reward.get("source", "evaluator")),
                    str(cfg.reward.get("rule_quality", "retrieved_cited")),
-                   str(cfg.evaluator.get("score_readout", "sampled")))
+                   str(cfg.evaluator.get("score_readout", "sampled")),
+                   None if cfg.reward.get("items_path") is None else str(cfg.reward.items_path))
 
 
 @dataclass

@@ -13,6 +13,9 @@ from collections.abc import Sequence
 
 import torch
 
+from torch import Tensor
+
+from score_lightning.items.format import cached_items
 from score_lightning.rewards.rule import qualities, rule_rewards
 from score_lightning.roles.answer import AnswerParse
 from score_lightning.step.reward_assembly import StepRewards
@@ -21,12 +24,31 @@ from score_lightning.step.types import StepRollouts
 SOURCES = ("evaluator", "rule")
 
 
-def rule_step_rewards(answers: Sequence[AnswerParse], ro: StepRollouts, num_reports: int, quality: str) -> StepRewards:
+def step_qualities(kind: str, answers: Sequence[AnswerParse], ro: StepRollouts, num_reports: int,
+                   items_path: str | None = None) -> Tensor:
+    """q(r) of every report of the step (query-major rows), read as ``reward.rule_quality=kind`` reads it:
+    the rule reward and the evaluator's ranking scalar both call this one function."""
+    n = len(answers)
+    tops = [[d.id for d in ro.evidence[i // num_reports]] if ro.evidence else [] for i in range(n)]
+    items = reports = None
+    if kind == "item_recall":
+        table = cached_items(items_path)
+        missing = sorted({str(q) for q in ro.query_ids} - set(table))
+        if missing or not ro.query_ids:
+            raise ValueError(f"reward.rule_quality=item_recall: no items for queries {missing[:5] or '(no ids)'} in "
+                             f"{items_path or 'the embedded items file'}; build them with scripts/build_rubrics.py "
+                             "and set reward.items_path")
+        items = [table[str(ro.query_ids[i // num_reports])].items for i in range(n)]
+        reports = [a.answer or "" for a in answers]
+    return qualities(kind, [a.cited_ids for a in answers], [t.retrieved_ids for t in ro.solver], tops, reports, items)
+
+
+def rule_step_rewards(answers: Sequence[AnswerParse], ro: StepRollouts, num_reports: int, quality: str,
+                      items_path: str | None = None) -> StepRewards:
     """The step's rewards under ``reward.source=rule`` with ``reward.rule_quality=quality``."""
     n = len(answers)
     validity = torch.tensor([float(a.valid) for a in answers], dtype=torch.float32)
-    tops = [[d.id for d in ro.evidence[i // num_reports]] if ro.evidence else [] for i in range(n)]
-    q = qualities(quality, [a.cited_ids for a in answers], [t.retrieved_ids for t in ro.solver], tops)
+    q = step_qualities(quality, answers, ro, num_reports, items_path)
     rewards = rule_rewards(validity, q)
     queries = n // num_reports
     return StepRewards(

@@ -116,8 +116,8 @@ def check_reward(c: Checks) -> None:
               "verifier.enabled=false")
     c("reward.source", one_of("evaluator", "rule"), "'evaluator' (the evaluator's scores) or 'rule' (the known-good "
       "a(r)(1 + q(r)), no evaluator)")
-    c("reward.rule_quality", one_of("retrieved_cited", "coverage", "none"),
-      "'retrieved_cited', 'coverage' or 'none' (q(r) of reward.source=rule)")
+    c("reward.rule_quality", one_of("retrieved_cited", "coverage", "item_recall", "none"),
+      "'retrieved_cited', 'coverage', 'item_recall' or 'none' (q(r) of reward.source=rule)")
     if c.get("reward.source") == "rule":
         if c.get("verifier.enabled") is True:
             c.add("reward.source=rule with verifier.enabled=true: the verifier checks the evaluation's searches, and "

@@ -76,6 +76,8 @@ def check_files(c: Checks) -> None:
                 load_given_rubrics(path)
             except DataFormatError as exc:
                 c.add(f"rubric.path: {exc}")
+    if c.get("reward.rule_quality") == "item_recall":
+        check_items(c)
     if c.get("evaluator.reward") == "preference":
         path = c.get("evaluator.preferences_path")
         if not path:
@@ -87,3 +89,26 @@ def check_files(c: Checks) -> None:
                 load_preferences(path)
             except DataFormatError as exc:
                 c.add(f"evaluator.preferences_path: {exc}")
+
+
+def check_items(c: Checks) -> None:
+    """``reward.rule_quality=item_recall``: the items file loads and holds every training query."""
+    from score_lightning.data.corpus import DataFormatError
+    from score_lightning.data.queries import load_queries
+    from score_lightning.items.format import load_items
+
+    path, queries = c.get("reward.items_path"), c.get("data.queries_path")
+    if path is None and queries is not None:
+        c.add("reward.rule_quality=item_recall with data.queries_path set: the embedded items cover the embedded "
+              "queries only; build items for yours (scripts/build_rubrics.py --queries ...) and set reward.items_path")
+        return
+    try:
+        items = load_items(path)
+        ids = {q.id for q in load_queries(queries, c.get("data.split") or None)}
+    except (DataFormatError, FileNotFoundError) as exc:
+        c.add(f"reward.items_path: {exc}")
+        return
+    missing = sorted(i for i in ids if i not in items or not items[i].items)
+    if missing:
+        c.add(f"reward.items_path: {len(missing)} training queries have no items (e.g. {missing[:3]}); "
+              "reward.rule_quality=item_recall would score them 0 whatever they write")
