@@ -6,6 +6,8 @@
     python scripts/evaluate.py card --articles held.jsonl [--baseline other/held.card.json]
     python scripts/evaluate.py judge --articles raw_data/score.jsonl \\
         --judge-base-url http://localhost:8001/v1 --judge-model Qwen2.5-72B-Instruct
+    python scripts/evaluate.py judge --articles drb2.jsonl --drb2-tasks tasks_and_rubrics.jsonl \
+        --no-quality --no-citations --judge-base-url http://localhost:8001/v1 --judge-model Qwen2.5-72B-Instruct
 
 See docs/EVALUATION.md and `python scripts/evaluate.py {generate,judge,card} --help`.
 """

@@ -15,7 +15,9 @@ or with the ``openai_stub`` pytest fixture (``from openai_stub import openai_stu
 
 Each reply is taken from the scripted queue first, else from the defaults (``content``,
 ``status``, ``delay_s``). ``content`` may be a callable ``(request_json) -> str`` for replies that
-depend on the prompt (e.g. a judge that echoes a score per report).
+depend on the prompt (e.g. a judge that echoes a score per report); it may also return a
+:class:`Reply` (``Reply(status=500)``, ``Reply(content=..., finish_reason="length")``) to fail the
+requests it picks, whatever order concurrent requests arrive in.
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ class OpenAIStub:
                 if not self.path.rstrip("/").endswith("/chat/completions"):
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
                     return
-                reply = stub._next_reply()
+                reply, text = stub._resolve(stub._next_reply(), request.json)
                 if reply.delay_s > 0 and stub._stop.wait(reply.delay_s):
                     return  # stub stopped while delaying
                 if reply.body is not None:
@@ -107,8 +109,6 @@ class OpenAIStub:
                 elif reply.status >= 400:
                     self._send(reply.status, {"error": {"message": f"stub error {reply.status}", "type": "stub"}})
                 else:
-                    content = reply.content if reply.content is not None else stub.content
-                    text = content(request.json) if callable(content) else content
                     self._send(reply.status, stub._completion(request.json, text, reply.finish_reason))
 
             def _send(self, status: int, payload: Any) -> None:
@@ -183,6 +183,19 @@ class OpenAIStub:
             if self._queue:
                 return self._queue.popleft()
         return Reply(content=None, status=self.status, delay_s=self.delay_s)
+
+    def _resolve(self, reply: Reply, request: Any) -> tuple[Reply, str]:
+        """The reply to send and its text; a callable ``content`` may return a whole :class:`Reply`
+        (an HTTP error, a delay, a cut reply) chosen from the request, so failures need no ordering."""
+        if reply.body is not None or reply.status >= 400:
+            return reply, ""
+        content = reply.content if reply.content is not None else self.content
+        value = content(request) if callable(content) else content
+        if isinstance(value, Reply):
+            if callable(value.content):
+                raise TypeError("a Reply returned by a content callable needs a str content")
+            return value, value.content or ""
+        return reply, value
 
     def _completion(self, request: Any, text: str, finish_reason: str) -> dict[str, Any]:
         with self._lock:

@@ -5,6 +5,7 @@
     python scripts/evaluate.py --model DIR --queries FILE --out FILE [...]        # = generate
     python scripts/evaluate.py generate --model DIR --queries FILE --out FILE [...]
     python scripts/evaluate.py judge --articles FILE --judge-base-url URL --judge-model NAME [...]
+    python scripts/evaluate.py judge --articles FILE --drb2-tasks tasks_and_rubrics.jsonl --no-quality ...
     python scripts/evaluate.py card --articles FILE [--baseline OTHER.card.json]
 
 See ``docs/EVALUATION.md``. The submodules are imported lazily, so importing this package is cheap.
@@ -80,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", default="auto", help="hf engine: auto, cpu, cuda, cuda:1, ...")
     g.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
-    j = sub.add_parser("judge", help="score articles with an OpenAI-compatible judge; write summary.json + report_card.md")
+    j = sub.add_parser("judge", help="score articles with an OpenAI-compatible judge (writing quality, citations, "
+                                     "DeepResearch Bench II rubrics); write summary.json + report_card.md")
     j.add_argument("--articles", required=True, help="article JSONL written by generate")
     j.add_argument("--sources", default=None, help="companion sources file (default: <articles>.sources.jsonl)")
     j.add_argument("--judge-base-url", required=True, help="OpenAI-compatible base URL, e.g. http://localhost:8000/v1")
@@ -97,6 +99,16 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--judge-max-tokens", type=int, default=1024)
     j.add_argument("--max-article-chars", type=int, default=100_000, help="article text sent to the judge (0: all)")
     j.add_argument("--max-source-chars", type=int, default=8_000, help="source passage text sent to the judge (0: all)")
+    j.add_argument("--drb2-tasks", default=None, metavar="FILE",
+                   help="DeepResearch Bench II tasks_and_rubrics.jsonl: also score each article (matched by id) "
+                        "against its task's binary rubric items")
+    j.add_argument("--drb2-chunk-size", type=int, default=50,
+                   help="rubric items per judge request (DRB-II's CHUNK_SIZE; 0: all items of a task in one)")
+    j.add_argument("--drb2-max-tokens", type=int, default=16384,
+                   help="reply budget of a rubric request (a score, reason and evidence per item; 0: server default)")
+    j.add_argument("--drb2-timeout-s", type=float, default=600.0, help="timeout of a rubric request")
+    j.add_argument("--drb2-max-article-chars", type=int, default=150_000,
+                   help="article text sent with each rubric request (DRB-II's MAX_PAPER_CHARS; 0: all)")
     j.add_argument("--no-progress", action="store_true")
     c = sub.add_parser("card", help="a deterministic held-out report card (no LLM): grounded and format validity, "
                                     "citation precision, coverage, item recall, length with 95%% query-bootstrap CIs")
@@ -165,7 +177,10 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _judge(args: argparse.Namespace) -> int:
-    from score_lightning.evaluation.judge import JudgeClient, JudgeOptions, run_judge
+    from score_lightning.evaluation.drb2_judge import Drb2Options, match_articles, run_drb2
+    from score_lightning.evaluation.drb2_score import write_drb2_results
+    from score_lightning.evaluation.drb2_tasks import load_drb2_tasks
+    from score_lightning.evaluation.judge import JudgeClient, JudgeOptions, read_jsonl, run_judge
     from score_lightning.evaluation.report_card import render_markdown, write_report
 
     articles = Path(args.articles)
@@ -182,13 +197,42 @@ def _judge(args: argparse.Namespace) -> int:
     opts = JudgeOptions(quality=not args.no_quality, citations=not args.no_citations, concurrency=args.concurrency,
                         limit=args.limit, max_article_chars=args.max_article_chars,
                         max_source_chars=args.max_source_chars)
-    records = run_judge(articles, sources if opts.citations else None, client, opts, progress=not args.no_progress)
-    meta = {"judge_model": args.judge_model, "judge_base_url": args.judge_base_url, "articles": str(articles),
-            "sources": str(sources) if opts.citations else None, "max_retries": args.max_retries,
-            "timeout_s": args.timeout_s, "requests_sent": client.num_requests}
+    tasks = load_drb2_tasks(args.drb2_tasks) if args.drb2_tasks else None  # a bad file fails before any request
+    if tasks is not None:  # so does an article file that matches no task
+        arts = read_jsonl(articles)
+        arts = arts[: max(args.limit, 0)] if args.limit is not None else arts
+        matched = match_articles(arts, tasks)
+    if tasks is None or opts.quality or opts.citations:
+        records = run_judge(articles, sources if opts.citations else None, client, opts, progress=not args.no_progress)
+    else:
+        records = None
+    meta: dict = {"judge_model": args.judge_model, "judge_base_url": args.judge_base_url, "articles": str(articles),
+                  "sources": str(sources) if opts.citations else None, "max_retries": args.max_retries,
+                  "timeout_s": args.timeout_s}
+    written = ["summary.json", "report_card.md", "judgments.jsonl"]
+    requests = client.num_requests
+    if tasks is not None:
+        records = records if records is not None else [{"id": a["id"]} for a in arts]
+        rubric_client = JudgeClient(args.judge_base_url, args.judge_model, api_key, timeout_s=args.drb2_timeout_s,
+                                    max_retries=args.max_retries, temperature=args.judge_temperature,
+                                    max_tokens=args.drb2_max_tokens)
+        dopts = Drb2Options(chunk_size=args.drb2_chunk_size, concurrency=args.concurrency,
+                            max_article_chars=args.drb2_max_article_chars)
+        drb2_records = run_drb2(arts, tasks, rubric_client, dopts, progress=not args.no_progress, matched=matched)
+        for rec, drb2 in zip(records, drb2_records, strict=True):
+            rec["drb2"] = drb2
+        requests += rubric_client.num_requests
+        meta["drb2"] = {"tasks_file": str(args.drb2_tasks), "tasks": len(tasks), "chunk_size": args.drb2_chunk_size,
+                        "max_tokens": args.drb2_max_tokens, "timeout_s": args.drb2_timeout_s,
+                        "max_article_chars": args.drb2_max_article_chars}
+    meta["requests_sent"] = requests
     summary = write_report(out_dir, records, meta)
+    if tasks is not None:
+        model = articles.name[:-6] if articles.name.endswith(".jsonl") else articles.name
+        write_drb2_results(out_dir / "drb2_results.jsonl", [r["drb2"] for r in records], tasks, model)
+        written.append("drb2_results.jsonl")
     print(render_markdown(summary))
-    print(f"wrote {out_dir}/summary.json, report_card.md, judgments.jsonl")
+    print(f"wrote {out_dir}/" + ", ".join(written))
     return 0
 
 

@@ -7,30 +7,24 @@ articles are missing (judge failures after retries; left out of the mean, never 
 Citations: pooled counts over all cited (statement, doc_id) pairs and the valid-citation ratio
 supported / (supported + unsupported), plus the per-article ratio's mean ± standard error over
 articles with at least one supported or unsupported citation.
+
+DeepResearch Bench II rubric scores (``judge --drb2-tasks``), when the records carry them, are a
+section of their own (:mod:`.drb2_score`).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
+from score_lightning.evaluation.drb2_score import render_drb2, summarise_drb2
 from score_lightning.evaluation.judge import QUALITY_DIMENSIONS
+from score_lightning.evaluation.stats import mean_stderr
 
-
-def mean_stderr(values: Sequence[float]) -> tuple[float | None, float | None]:
-    """``(mean, std(ddof=1)/sqrt(n))``; ``(None, None)`` for no values, stderr ``None`` for one."""
-    n = len(values)
-    if n == 0:
-        return None, None
-    mean = math.fsum(values) / n
-    if n < 2:
-        return mean, None
-    var = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
-    return mean, math.sqrt(var) / math.sqrt(n)
+__all__ = ["mean_stderr", "render_markdown", "summarise", "write_report"]
 
 
 def _ratio(num: int, den: int) -> float | None:
@@ -95,6 +89,10 @@ def summarise(records: list[dict], meta: dict[str, Any] | None = None) -> dict[s
         "citations": citations,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+    summary["judged"] = {"quality": bool(judged_quality), "citations": any("has_sources" in r for r in records)}
+    if any("drb2" in r for r in records):
+        summary["drb2"] = summarise_drb2([r["drb2"] for r in records if "drb2" in r],
+                                         ((meta or {}).get("drb2") or {}).get("tasks"))
     if meta:
         summary["meta"] = meta
     return summary
@@ -115,7 +113,16 @@ def render_markdown(summary: dict[str, Any]) -> str:
             f"articles `{meta.get('articles', '?')}`; {summary['n_articles']} articles; {summary['created']}."
         )
         lines.append("")
-    lines += ["| metric | mean ± s.e. | n | missing |", "| --- | --- | --- | --- |"]
+    judged = summary.get("judged", {"quality": True, "citations": True})
+    if judged["quality"] or judged["citations"] or "drb2" not in summary:
+        lines += _quality_and_citation_lines(summary)
+    if "drb2" in summary:
+        lines += render_drb2(summary["drb2"], meta.get("drb2"))
+    return "\n".join(lines)
+
+
+def _quality_and_citation_lines(summary: dict[str, Any]) -> list[str]:
+    lines = ["| metric | mean ± s.e. | n | missing |", "| --- | --- | --- | --- |"]
     for dim, q in summary["quality"].items():
         lines.append(f"| {dim} (0–10) | {_fmt(q['mean'], q['stderr'], 2)} | {q['n']} | {q['missing']} |")
     c = summary["citations"]
@@ -147,7 +154,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         "DeepResearch Bench RACE/FACT numbers (see docs/EVALUATION.md).",
         "",
     ]
-    return "\n".join(lines)
+    return lines
 
 
 def write_report(out_dir: str | Path, records: list[dict], meta: dict[str, Any] | None = None) -> dict[str, Any]:
