@@ -100,6 +100,22 @@ def test_binary_checklist_scoring(tmp_path):
     assert rubric_part(torch.tensor([[0.8, 0.3], [0.4, 1.0]]), r).tolist() == pytest.approx([0.75, 0.25])
 
 
+def test_drb2_tasks_file_loads_as_given_binary_rubrics():
+    """DeepResearch Bench II's published tasks_and_rubrics.jsonl (the hand-written sample): each task's distinct
+    items, dimension-tagged, equal weights, binary."""
+    from pathlib import Path
+
+    from score_lightning.evaluation.drb2_tasks import load_drb2_tasks
+
+    path = Path(__file__).resolve().parent / "data" / "drb2" / "tasks_and_rubrics.jsonl"
+    tasks, rubrics = load_drb2_tasks(path), load_given_rubrics(path)
+    assert set(rubrics) == set(tasks)
+    for tid, task in tasks.items():
+        want = [f"[{d}] {x}" for d in task.rubric for x in task.distinct(d)]
+        r = rubrics[tid]
+        assert r.binary and list(r.texts) == want and r.weights == pytest.approx([1 / len(want)] * len(want))
+
+
 @pytest.mark.parametrize("line, message", [
     ("{not json", "invalid JSON"),
     ('{"id": 1, "rubrics": []}', '"rubrics" must be a non-empty list'),

@@ -1,13 +1,17 @@
 """``rubric=given``: fixed per-query rubrics from a file, matched to the queries by id.
 
-Two formats, each loaded as is and validated line by line (errors say ``file:line``):
+Three formats, each loaded as is and validated line by line (errors say ``file:line``):
 
 * DeepResearch Bench ``criteria.jsonl``: ``{"id", "prompt", "dimension_weight": {dim: w},
   "criterions": {dim: [{"criterion", "explanation", "weight"}]}}``. As DRB's RACE does, criterion
   weights are normalised within their dimension and dimension weights across dimensions, so the
   item weights are ``W_d / sum(W) * w_c / sum_d(w)`` and sum to 1.
-* binary checklists (DRB-II, DeepRubric): ``{"id", "rubrics": [{"text", "weight", "type": "binary"}]}``;
-  weights are normalised to sum to 1 and each item scores 1 when met, else 0.
+* binary checklists (DeepRubric; the items ``scripts/build_rubrics.py`` writes): ``{"id", "rubrics":
+  [{"text", "weight", "type": "binary"}]}``; weights are normalised to sum to 1 and each item scores 1 when
+  met, else 0;
+* DeepResearch Bench II's ``tasks_and_rubrics.jsonl`` as published (``{"id", "content": {"rubric":
+  {"info_recall": [...], "analysis": [...], "presentation": [...]}}, ...}``): its distinct items, equal
+  weights, binary.
 
 A report's rubric reward is the weighted criterion score in [0, 1], entering R_s exactly as SCORE's
 dimension scores do. A query without a given rubric uses the harness fallback rubric and is counted
@@ -77,6 +81,17 @@ def _checklist_rubric(obj: dict, path: Path, lineno: int) -> Rubric:
                   binary=binary)
 
 
+def _drb2_rubric(obj: dict, path: Path, lineno: int) -> Rubric:
+    """A DeepResearch Bench II task line: its distinct binary items, dimension-tagged, equal weights (DRB-II
+    scores a task by the share of its items met)."""
+    from score_lightning.evaluation.drb2_tasks import parse_task_line
+
+    task = parse_task_line(obj, path, lineno)
+    texts = [f"[{dim}] {item}" for dim in task.rubric for item in task.distinct(dim)]
+    return Rubric(tuple(f"c{j}" for j in range(1, len(texts) + 1)), tuple(1.0 / len(texts) for _ in texts),
+                  tuple(texts), binary=True)
+
+
 def load_given_rubrics(path: str | Path, include_explanation: bool = False,
                        max_items: int | None = None) -> dict[str, Rubric]:
     """``{query id: Rubric}`` from a DRB criteria file or a binary checklist file (format per line)."""
@@ -91,8 +106,11 @@ def load_given_rubrics(path: str | Path, include_explanation: bool = False,
             rubric = _drb_rubric(obj, path, lineno, include_explanation)
         elif "rubrics" in obj:
             rubric = _checklist_rubric(obj, path, lineno)
+        elif isinstance(obj.get("content"), dict) and "rubric" in obj["content"]:
+            rubric = _drb2_rubric(obj, path, lineno)
         else:
-            raise DataFormatError(path, lineno, 'neither a DRB criteria line ("criterions") nor a checklist ("rubrics")')
+            raise DataFormatError(path, lineno, 'neither a DRB criteria line ("criterions"), a checklist ("rubrics") '
+                                                'nor a DRB-II task ("content": {"rubric": ...})')
         key = str(obj["id"])
         if key in out:
             raise DataFormatError(path, lineno, f"duplicate id {key!r}")
