@@ -84,7 +84,7 @@ def grounded_of(source: dict) -> float | None:
 
 def query_scores(article: str, source: dict, top_ids: list[str]) -> dict[str, float | None]:
     """The scores of one sampled answer (``None``: undefined, e.g. precision of an uncited answer)."""
-    cites = cited_ids(article)
+    cites = cited_ids(article, known_ids=set(source.get("retrieved_ids", [])))
     return {
         "grounded_valid": grounded_of(source),
         "format_valid": float(bool(source["valid_answer"])) if "valid_answer" in source else None,
