@@ -50,6 +50,8 @@ def test_other_subclasses_of_plain_types_are_refused_where_they_sit():
 
     with pytest.raises(TypeError, match=r"batch\[0\]\['k'\]: cannot store a .*Kind"):
         encode([{"k": Kind.A}])
+    with pytest.raises(TypeError, match=r"batch: cannot store a numpy longdouble"):
+        encode(np.longdouble(1.5))
 
 
 def test_a_field_added_since_the_checkpoint_takes_its_default():

@@ -29,7 +29,10 @@ _PACKAGE = "score_lightning."
 def encode(obj: Any, where: str = "batch") -> Any:
     """``obj`` as checkpoint-safe values; a type it cannot store raises ``TypeError`` naming where it sits."""
     if isinstance(obj, np.generic):  # before the plain types: np.float64 is a float, np.str_ a str
-        return encode(obj.item(), where)
+        item = obj.item()
+        if isinstance(item, np.generic):  # np.longdouble has no plain equivalent
+            raise TypeError(f"{where}: cannot store a numpy {type(obj).__name__} in a checkpoint")
+        return encode(item, where)
     if obj is None or type(obj) in (bool, int, str):
         return obj
     if type(obj) is float:
