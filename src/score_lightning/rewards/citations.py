@@ -17,7 +17,7 @@ group, by the token it is attached to, the maximal run of ASCII word characters 
 before it:
 
 * no ASCII token (a CJK or other non-ASCII letter before the bracket): a citation. Code does not index
-  Chinese words; Chinese prose puts every citation there.
+  Chinese words, and in Chinese prose every citation sits there.
 * a number (``1932[17]``, ``发布于2020[3]``): a citation. A number is not indexed; digits after digits are
   a footnote.
 * an identifier (``argv``, ``x1``, ``standard``): a citation only when the group holds a dotted name
