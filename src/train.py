@@ -13,17 +13,18 @@ os.environ.setdefault("PROJECT_ROOT", str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))  # run from a checkout without installing
 
 
-EXIT_CONFIG = 2  # a refused config, checkpoint, unloadable model or unreachable retriever: nothing ran
+EXIT_CONFIG = 2  # a refused config, checkpoint, unloadable model, unreachable retriever or uninstallable cold start
 
 
 @hydra.main(version_base="1.3", config_path=str(ROOT / "configs"), config_name="train")
 def main(cfg: DictConfig) -> None:
-    from score_lightning.errors import ConfigError, ModelUnavailable, RetrieverUnavailable, TrainingHalted
+    from score_lightning.errors import (ColdStartUnavailable, ConfigError, ModelUnavailable, RetrieverUnavailable,
+                                        TrainingHalted)
     from score_lightning.launch.training import run  # light: torch and Lightning load after the config is validated
 
     try:
         run(cfg)
-    except (ConfigError, ModelUnavailable, RetrieverUnavailable) as exc:  # the user's to fix: one plain block, no traceback
+    except (ConfigError, ModelUnavailable, RetrieverUnavailable, ColdStartUnavailable) as exc:  # the user's to fix
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
     except TrainingHalted as exc:  # a safety stop: the checkpoint is saved, the message says why

@@ -89,3 +89,75 @@ def test_grounded_validity_reads_the_new_rule_both_ways():
     assert ok.valid and ok.format_valid
     assert not bad.valid and bad.format_valid and bad.reason == "cites an id it never retrieved ([struct])"
     assert bad.ungrounded == ("struct",)
+
+
+# ------------------------------------------------------------------ a citation with no space before it
+@pytest.mark.parametrize("text, ids", [
+    ("对象序列化为 JSON 字符串使用序列化对象[json.dumps]。", ("json.dumps",)),  # DeepResearch Bench: half Chinese
+    ("在1932年[17]，图灵[18][19]发表了论文。", ("17", "18", "19")),  # after CJK any bracketed id cites
+    ("发布于2020[3]。", ("3",)),  # a number inside CJK text is still a number
+    ("It serialises per the standard[json.dumps].", ("json.dumps",)),
+    ("Two functions agree[json.dumps][json.loads].", ("json.dumps", "json.loads")),
+    ("Subclass it[argparse.Action-2].", ("argparse.Action-2",)),
+    ("In 1932[17] he moved.", ("17",)),  # digits after a number: a footnote, not an index
+    ("Served as a café[5].", ("5",)),  # after a non-ASCII letter
+])
+def test_a_citation_attached_to_the_word_before_it_is_read(text, ids):
+    assert cited_ids(text) == ids
+
+
+@pytest.mark.parametrize("text", [
+    "The first argument is sys.argv[1], the last argv[-1].",
+    "Nested x[0][1] and a2[3] and py3[1] index.",
+    "A key d[k], D[key] or c[elem] looks a value up.",
+    "Slices a[:i], a[i:], B[start:end], B[start,end] and heap[2*k+1].",
+    "An attribute as key: sys.modules[obj.__module__].",
+    "Ellipsis x[...] indexes everything.",
+])
+def test_indexing_after_an_ascii_identifier_stays_code(text):
+    assert cited_ids(text) == ()
+
+
+def test_known_ids_make_an_attached_bracket_a_citation():
+    """The trajectory's retrieved ids resolve `it[17]` (a footnote on a numeric corpus) and `x[pathlib]`."""
+    text = "Turing showed it[17], see also the standard[pathlib] and sys.argv[1]."
+    assert cited_ids(text) == ()
+    assert cited_ids(text, known_ids={"17", "pathlib"}) == ("17", "pathlib")
+    # known ids only add citations: an unknown dotted id attached to a word still cites (and is ungrounded)
+    assert cited_ids("As the standard[json.dumps] says.", known_ids={"pathlib"}) == ("json.dumps",)
+    # a chain is decided by its first group: x[0][1] stays an index even when 1 is a known id
+    assert cited_ids("Read x[0][1].", known_ids={"1"}) == ()
+    # after a closing bracket, a call or a quote nothing changes
+    assert cited_ids('f(x)[17] and d["k"]', known_ids={"17"}) == ()
+
+
+def test_strip_citations_and_spans_share_the_rule():
+    text = "Serialise it[json.dumps], read sys.argv[1]，再看对象[17]。"
+    assert [text[s:e] for s, e, _ in citation_spans(text)] == ["[json.dumps]", "[17]"]
+    assert strip_citations("Serialise per the standard[json.dumps]. Read argv[1] too[17].", known_ids={"17"}) == \
+        "Serialise per the standard. Read argv[1] too."
+
+
+def test_grounded_validity_reads_an_attached_citation_with_the_retrieved_ids():
+    """The reward passes the trajectory's retrieved ids: a Chinese report citing what it retrieved is valid,
+    and an attached citation of an id it never retrieved is read and invalidates."""
+    ok = parse_answer(_answer("使用 json 模块序列化对象[json.dumps]，反序列化用[json.loads]。"),
+                      retrieved=["json.dumps", "json.loads"], require_grounded=True)
+    assert ok.valid and ok.cited_ids == ("json.dumps", "json.loads"), ok.reason
+    numeric = parse_answer(_answer("Turing published the paper in 1936, it[17] says so."), retrieved=["17"],
+                           require_grounded=True)
+    assert numeric.valid and numeric.cited_ids == ("17",)
+    bad = parse_answer(_answer("It serialises per the standard[json.dumps] and more."), retrieved=["json.loads"],
+                       require_grounded=True)
+    assert not bad.valid and bad.ungrounded == ("json.dumps",)
+
+
+def test_the_card_and_the_judge_read_attached_citations_with_the_retrieved_ids():
+    """Both pass the sample's retrieved ids: `it[17]` is a citation of a retrieved 17, so precision counts it."""
+    from score_lightning.evaluation.card import query_scores
+    from score_lightning.evaluation.judge import cited_statements
+
+    scores = query_scores("Turing published it[17]. 图灵发表了论文[18]。", {"retrieved_ids": ["17"]}, ["17", "18"])
+    assert scores["citation_precision"] == pytest.approx(0.5) and scores["coverage"] == pytest.approx(1.0)
+    assert cited_statements("Turing published it[17].", {"17"}) == [("Turing published it[17].", "17")]
+    assert cited_statements("Turing published it[17].") == []

@@ -9,10 +9,18 @@ damaged asset is refused rather than handed to RL.
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
+import os
 import shutil
 
+import pytest
+
 from helpers import compose
+from score_lightning.errors import ColdStartUnavailable
+from score_lightning.sft import adapter_asset
+from score_lightning.sft import asset as asset_mod
 from score_lightning.sft.asset import ASSET_DIR, MANIFEST, file_sha256, install_packaged, packaged_key
 from score_lightning.sft.cache import is_complete, sft_output_path
 
@@ -108,3 +116,89 @@ def test_lora_cold_start_packages_its_adapter_and_installs_file_for_file(tmp_pat
     blob[-1] ^= 0xFF
     (damaged / "adapter" / "adapter_model.safetensors").write_bytes(bytes(blob))
     assert install_packaged(tmp_path / "bad" / out.name, asset=damaged, base_path=tiny_ckpt) is False
+
+
+
+# ---------------------------------------------------------------- a failed install: say why, refuse what persists
+def _oserror(code: int, path) -> OSError:
+    return OSError(code, os.strerror(code), str(path))
+
+
+def _fake_lora_asset(root):
+    """A package that says it is a LoRA adapter (the tests replace its rebuild: only the error paths run)."""
+    asset = root / "lora_asset"
+    asset.mkdir(parents=True)
+    (asset / "adapter.bin").write_bytes(b"adapter")
+    manifest = {"key": "sft-00000000000000ff", "files": {"adapter.bin": file_sha256(asset / "adapter.bin")},
+                "adapter": True, "lora": {"r": 4}, "dtype": "float32"}
+    (asset / MANIFEST).write_text(json.dumps(manifest))
+    return asset, manifest["key"]
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+def test_a_full_disk_refuses_by_name_instead_of_retraining(tmp_path, monkeypatch, code):
+    target = tmp_path / "cache" / packaged_key()
+
+    def full(src, dst, *a, **k):
+        raise _oserror(code, dst)
+
+    monkeypatch.setattr(asset_mod.shutil, "copyfile", full)
+    with pytest.raises(ColdStartUnavailable, match=rf"cold_start .*{tmp_path / 'cache'}.*{os.strerror(code)}"):
+        install_packaged(target)
+    assert not target.exists() and not list(target.parent.glob(".tmp-asset-*"))  # nothing half-written is left
+
+
+def test_a_cache_dir_without_write_permission_is_refused(tmp_path, monkeypatch):
+    def denied(*a, dir=None, **k):
+        raise _oserror(errno.EACCES, dir)
+
+    monkeypatch.setattr(asset_mod.tempfile, "mkdtemp", denied)
+    with pytest.raises(ColdStartUnavailable, match=r"Permission denied.*sft\.cache_dir"):
+        install_packaged(tmp_path / "cache" / packaged_key())
+
+
+@pytest.mark.parametrize("error", [
+    lambda base: _oserror(errno.ENOENT, base / "model.safetensors"),  # deleted since the key was computed
+    lambda base: OSError(f"{base} does not appear to have a file named config.json"),  # transformers' own words
+])
+def test_an_unreadable_base_is_refused_naming_it(tmp_path, monkeypatch, error):
+    asset, key = _fake_lora_asset(tmp_path)
+    base = tmp_path / "base"
+
+    def rebuild(base_path, *a, **k):
+        raise error(base)
+
+    monkeypatch.setattr(adapter_asset, "rebuild_from_adapter", rebuild)
+    with pytest.raises(ColdStartUnavailable, match=rf"lora_asset.*base checkpoint {base}"):
+        install_packaged(tmp_path / "cache" / key, asset=asset, base_path=base)
+
+
+def test_a_transient_failure_says_why_and_falls_back_to_training(tmp_path, monkeypatch, caplog):
+    """An error that may not recur (a stale NFS handle at the rename, a package file gone) logs a warning naming
+    the package, the target and the error, then trains as before."""
+    target = tmp_path / "cache" / packaged_key()
+
+    def stale(src, dst):
+        raise _oserror(errno.ESTALE, dst)
+
+    monkeypatch.setattr(asset_mod.os, "rename", stale)
+    with caplog.at_level(logging.WARNING, logger="score_lightning.sft.asset"):
+        assert install_packaged(target) is False
+    assert not target.exists() and not list(target.parent.glob(".tmp-asset-*"))
+    assert f"cold start {ASSET_DIR.name}" in caplog.text and str(target) in caplog.text
+    assert os.strerror(errno.ESTALE) in caplog.text and "training it instead" in caplog.text
+
+    caplog.clear()
+    monkeypatch.undo()
+    asset, key = _fake_lora_asset(tmp_path / "gone")
+    real_copy = shutil.copyfile
+
+    def missing_in_package(src, dst, *a, **k):  # the package's own file: training does not need it
+        if str(src).startswith(str(asset)):
+            raise _oserror(errno.ENOENT, src)
+        return real_copy(src, dst, *a, **k)
+
+    monkeypatch.setattr(asset_mod.shutil, "copyfile", missing_in_package)
+    with caplog.at_level(logging.WARNING, logger="score_lightning.sft.asset"):
+        assert install_packaged(tmp_path / "cache" / key, asset=asset, base_path=tmp_path / "base") is False
+    assert "lora_asset" in caplog.text and "adapter.bin" in caplog.text and "training it instead" in caplog.text

@@ -21,3 +21,8 @@ class ModelUnavailable(RuntimeError):
 
 class TrainingHalted(RuntimeError):
     """The run cannot continue safely (repeated non-finite updates, retrieval outage); a checkpoint was saved (exit 3)."""
+
+
+class ColdStartUnavailable(RuntimeError):
+    """The packaged cold start cannot be installed for a reason training it would meet too (a full disk, a
+    cache directory it may not write, an unreadable base checkpoint): refused instead of retraining (exit 2)."""

@@ -1,8 +1,12 @@
-"""RNG states of torch, numpy and Python as checkpoint-safe values (loadable with ``weights_only=True``)."""
+"""RNG states of torch, numpy and Python as checkpoint-safe values (loadable with ``weights_only=True``),
+and :func:`preserved_rng`, which keeps work that builds a cached input out of the run's random stream."""
 
 from __future__ import annotations
 
+import os
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -18,6 +22,33 @@ def rng_state() -> dict:
                   "has_gauss": int(has_gauss), "gauss": float(gauss)},
         "python": {"version": version, "internal": list(internal), "gauss": gauss_py},
     }
+
+
+@contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Run a block without disturbing the global torch (CPU and CUDA) / numpy / Python RNG nor ``PL_GLOBAL_SEED``.
+
+    Why: a run seeds once, then builds what its cache lacks (the SFT cold start, a GGUF conversion, a
+    LoRA cold start's install). Whatever those draw must not move the run's stream, or a fresh cache
+    samples differently from a warm one under the same seed.
+    """
+    torch_state = torch.get_rng_state()
+    cuda_state = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    env = os.environ.get("PL_GLOBAL_SEED")
+    try:
+        yield
+    finally:
+        torch.set_rng_state(torch_state)
+        if cuda_state is not None:
+            torch.cuda.set_rng_state_all(cuda_state)
+        np.random.set_state(np_state)
+        random.setstate(py_state)
+        if env is None:
+            os.environ.pop("PL_GLOBAL_SEED", None)
+        else:
+            os.environ["PL_GLOBAL_SEED"] = env
 
 
 def set_rng_state(state: dict) -> None:

@@ -108,7 +108,7 @@ def sources_record(query: Query, traj: Trajectory, article: str, parsed: AnswerP
     """The sources line of one sampled article: the article, its citations with their retrieved text, search
     and validity stats. ``checks`` (:func:`answer_checks`) gives the validity fields; without it only the
     format rule of ``parsed`` is recorded."""
-    cites = cited_ids(article)
+    cites = cited_ids(article, known_ids=set(traj.retrieved_ids))
     never = set(ungrounded_ids(cites, traj.retrieved_ids))
     citations = []
     for doc_id in cites:

@@ -92,7 +92,7 @@ def query_scores(article: str, source: dict, top_ids: list[str],
                  items: list[ItemLike] | None = None) -> dict[str, float | None]:
     """The scores of one sampled answer (``None``: undefined, e.g. precision of an uncited answer, or
     ``item_recall`` of a query without items)."""
-    cites = cited_ids(article)
+    cites = cited_ids(article, known_ids=set(source.get("retrieved_ids", [])))
     grounded = grounded_of(source)
     recall = None if not items or grounded is None else item_recall(items, article, source.get("retrieved_ids", []),
                                                                      grounded > 0)

@@ -35,6 +35,7 @@ import json
 import logging
 import math
 import re
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,28 +164,29 @@ class JudgeClient(ChatClient):
 _SENTENCE_RE = re.compile(r"(?<=[.!?])\s+")
 
 
-def split_statements(article: str) -> list[str]:
+def split_statements(article: str, known_ids: Collection[str] | None = None) -> list[str]:
     """Sentences of the article (split at line breaks and sentence ends); a piece made only of
-    citation markers (``Claim. [a] [b]``) is joined to the sentence before it."""
+    citation markers (``Claim. [a] [b]``) is joined to the sentence before it. ``known_ids``: the
+    sources' retrieved ids, which resolve a bracket attached to a word (``rewards/citations.py``)."""
     pieces: list[str] = []
     for block in re.split(r"\n+", article or ""):
         for sent in _SENTENCE_RE.split(block.strip()):
             sent = sent.strip()
             if not sent:
                 continue
-            if pieces and cited_ids(sent) and not strip_citations(sent).strip(" .,;:!?-*"):
+            if pieces and cited_ids(sent, known_ids) and not strip_citations(sent, known_ids).strip(" .,;:!?-*"):
                 pieces[-1] = f"{pieces[-1]} {sent}"
             else:
                 pieces.append(sent)
     return pieces
 
 
-def cited_statements(article: str) -> list[tuple[str, str]]:
+def cited_statements(article: str, known_ids: Collection[str] | None = None) -> list[tuple[str, str]]:
     """Distinct ``(statement, doc_id)`` pairs, in order of appearance."""
     pairs: list[tuple[str, str]] = []
     seen: set[tuple[str, str]] = set()
-    for sent in split_statements(article):
-        for doc_id in cited_ids(sent):
+    for sent in split_statements(article, known_ids):
+        for doc_id in cited_ids(sent, known_ids):
             if (sent, doc_id) not in seen:
                 seen.add((sent, doc_id))
                 pairs.append((sent, doc_id))
@@ -244,7 +246,7 @@ def _article_tasks(article: dict, sources: dict[str, dict] | None, opts: JudgeOp
     if opts.citations:
         rec["has_sources"] = sources is not None
         retrieved, texts = _source_index(sources) if sources is not None else (set(), {})
-        pairs = cited_statements(text)
+        pairs = cited_statements(text, retrieved)
         never = set(ungrounded_ids([doc_id for _, doc_id in pairs], retrieved))
         for statement, doc_id in pairs:
             c: dict[str, Any] = {"doc_id": doc_id, "statement": statement, "verdict": None, "reason": "",
@@ -259,7 +261,7 @@ def _article_tasks(article: dict, sources: dict[str, dict] | None, opts: JudgeOp
             else:
                 src = texts[doc_id]
                 body = str(src["text"])[: opts.max_source_chars] if opts.max_source_chars else str(src["text"])
-                msgs = citation_messages(strip_citations(statement), doc_id, src.get("title"), body)
+                msgs = citation_messages(strip_citations(statement, retrieved), doc_id, src.get("title"), body)
                 calls.append(("citation", c, msgs, parse_citation_reply))
     return rec, calls
 

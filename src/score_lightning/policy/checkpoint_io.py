@@ -71,3 +71,19 @@ def validate_checkpoint(path: str | os.PathLike) -> None:
     missing = [k for k in needed if k not in data]
     if missing:
         raise CheckpointError(f"ckpt_path={p}: not a complete score-lightning checkpoint (missing {missing}); {advice}")
+    _check_stored_batch(p, data["score"])
+
+
+def _check_stored_batch(p: Path, score: Any) -> None:
+    """Rebuild the batch an asynchronous run had in flight, so one this code cannot resume (a dataclass
+    field added since, without a default) is refused now, not inside the first step."""
+    batch = score.get("async_rollouts", {}).get("batch") if isinstance(score, dict) else None
+    if batch is None:
+        return
+    from score_lightning.step.batch_codec import decode
+
+    try:
+        decode(batch)
+    except (ValueError, TypeError, ImportError, AttributeError) as exc:
+        raise CheckpointError(f"ckpt_path={p}: the batch in flight it stores cannot be rebuilt ({exc}); resume it "
+                              "with the version of score-lightning that wrote it, or start fresh") from exc

@@ -89,8 +89,17 @@ def convert_gguf(src: Path, out: Path, source: Mapping[str, Any]) -> None:
 
     ``from_pretrained(gguf_file=...)`` returns a model marked as GGUF-quantised, which
     ``save_pretrained`` refuses; a fresh model built from its config takes its state dict and saves
-    normally (tied embeddings stay tied: the config says so).
+    normally (tied embeddings stay tied: the config says so). The fresh model's initial weights are
+    drawn from the global generator and then overwritten: the RNG state is restored, so a run that
+    converts (a fresh cache) samples as one that reuses the conversion.
     """
+    from score_lightning.rng import preserved_rng
+
+    with preserved_rng():
+        _convert(src, out, source)
+
+
+def _convert(src: Path, out: Path, source: Mapping[str, Any]) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

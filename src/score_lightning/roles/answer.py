@@ -77,7 +77,8 @@ def parse_answer(
     """The final report and its validity a(r) (rules in the module docstring). Never raises.
 
     ``retrieved``: the ids the trajectory's searches returned. Given, ``ungrounded`` lists the cited ids
-    outside it; ``require_grounded`` makes them (or no citation at all) invalidate the report.
+    outside it; ``require_grounded`` makes them (or no citation at all) invalidate the report. They also
+    resolve a bracket attached to a word (``it[17]``: a citation when ``17`` was retrieved).
     """
     if not isinstance(text, str):
         return AnswerParse(None, False, "not text", ())
@@ -85,7 +86,7 @@ def parse_answer(
     if raw is None:
         return AnswerParse(None, False, reason, ())
     answer = raw.strip()
-    cites = cited_ids(answer)
+    cites = cited_ids(answer, known_ids=set(retrieved) if retrieved is not None else None)
     nested = next((t for t in _NESTED_TAGS if t in answer), None)
     n_chars = sum(1 for c in answer if not c.isspace())
     if truncated:

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from score_lightning.rng import preserved_rng
+
 ADAPTER_DIR = "adapter"
 _PEFT_PREFIX = "base_model.model."
 
@@ -49,8 +51,15 @@ def rebuild_from_adapter(base_path: str | Path, adapter: Path, out: Path, lora_c
     """Write the merged cold start into ``out`` from its base checkpoint and its packaged adapter.
 
     The adapter must fill every LoRA layer the config injects, and nothing else: a partial or foreign
-    adapter raises instead of writing a model that is partly the base.
+    adapter raises instead of writing a model that is partly the base. Injecting the LoRA layers draws
+    ``lora_A`` from the global generator before the adapter overwrites it: the RNG state is restored, so
+    a run that installs the cold start (a fresh cache) samples as one that finds it cached.
     """
+    with preserved_rng():
+        _rebuild(base_path, adapter, out, lora_cfg, dtype)
+
+
+def _rebuild(base_path: str | Path, adapter: Path, out: Path, lora_cfg: Mapping[str, Any], dtype: str) -> None:
     from peft import get_peft_model_state_dict, set_peft_model_state_dict
     from safetensors.torch import load_file
 

@@ -16,10 +16,17 @@ is packaged as its adapter (SmolLM2: 13.4 MB with its tokenizer): installing it 
 the run's base checkpoint.
 Its manifest also names the base it was trained on and a digest of every other key input, so a run of
 the same recipe on another base (a changed GGUF, say) is told by name why the package does not apply.
+
+An install that fails never retrains silently (SmolLM2's cold start trains for about 25 minutes). A
+cause that training would meet too is refused with :class:`~score_lightning.errors.ColdStartUnavailable`:
+a full disk or quota, a cache directory it may not write, a base checkpoint it cannot read. Any other
+failure (a package file missing or unreadable, a stale network handle) logs a warning naming the
+package, the target and the error, and the cold start is trained.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -29,6 +36,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from score_lightning.errors import ColdStartUnavailable
 from score_lightning.evaluation.settings import RUN_CONFIG
 from score_lightning.files import file_sha256
 
@@ -76,9 +84,10 @@ def install_packaged(out: Path, asset: Path | None = None, base_path: str | Path
                                 str(m.get("base"))[:16], str(inputs.get("base"))[:16])
         return False
     manifest = manifests[match]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-asset-"))
+    tmp: Path | None = None
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-asset-"))
         for name, digest in manifest["files"].items():
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(match / name, tmp / name)
@@ -93,16 +102,65 @@ def install_packaged(out: Path, asset: Path | None = None, base_path: str | Path
                                  "base checkpoint")
             from score_lightning.sft.adapter_asset import ADAPTER_DIR, rebuild_from_adapter
 
-            rebuild_from_adapter(base_path, tmp / ADAPTER_DIR, tmp, manifest["lora"], manifest.get("dtype", "float32"))
+            try:
+                rebuild_from_adapter(base_path, tmp / ADAPTER_DIR, tmp, manifest["lora"], manifest.get("dtype", "float32"))
+            except OSError as exc:
+                if _within(exc.filename, tmp) or exc.errno in _DISK_FULL:
+                    raise  # writing the result: judged below like any other write
+                raise _base_refusal(match, out, base_path, exc) from exc
         os.rename(tmp, out)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        return out.is_dir()  # another process installed it first
+    except OSError as exc:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if out.is_dir():
+            return True  # another process installed it first
+        _refuse_or_warn(exc, match, out, base_path)
+        return False
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     log.info("sft: installed the packaged cold start %s from %s (no training)", out.name, match.name)
     return True
+
+
+#: causes that do not fix themselves, and that training the cold start instead would meet too
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+_NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+def _within(name: object, root: Path | str | None) -> bool:
+    """Whether the path an ``OSError`` names lies under ``root``."""
+    if root is None or not isinstance(name, (str, os.PathLike)):
+        return False
+    return Path(os.path.abspath(name)).is_relative_to(os.path.abspath(root))
+
+
+def _refusal(asset: Path, out: Path, why: str, exc: OSError, fix: str) -> ColdStartUnavailable:
+    return ColdStartUnavailable(f"the packaged cold start {asset.name} could not be installed into {out}: {why} "
+                                f"({type(exc).__name__}: {exc}). Training it instead would meet the same error after "
+                                f"minutes of work, so the run stops: {fix}")
+
+
+def _base_refusal(asset: Path, out: Path, base_path: str | Path | None, exc: OSError) -> ColdStartUnavailable:
+    return _refusal(asset, out, f"cannot read the base checkpoint {base_path}", exc,
+                    "restore it, or delete its cache directory so the run builds it again")
+
+
+def _refuse_or_warn(exc: OSError, asset: Path, out: Path, base_path: str | Path | None) -> None:
+    """Raise :class:`ColdStartUnavailable` for a cause that persists; else log why the cold start is trained."""
+    where = "sft.cache_dir (or paths.cache_dir) elsewhere"
+    if not _within(exc.filename, asset):  # a package file of its own: the package is unusable, training is not
+        if exc.errno in _DISK_FULL:
+            raise _refusal(asset, out, f"the disk or quota under {out.parent} is full", exc,
+                           f"free space there, or point {where}") from exc
+        if exc.errno in _NOT_WRITABLE:
+            raise _refusal(asset, out, f"this process may not write {exc.filename or out.parent}", exc,
+                           f"make it writable, or point {where}") from exc
+        if exc.errno == errno.ENOENT and _within(exc.filename, base_path):
+            raise _base_refusal(asset, out, base_path, exc) from exc
+    log.warning("sft: could not install the packaged cold start %s into %s (%s: %s); training it instead",
+                asset.name, out, type(exc).__name__, exc)
 
 
 def package(built: Path, asset: Path = ASSET_DIR) -> dict:

@@ -16,7 +16,9 @@ and renamed into place, under a file lock, so concurrent ranks or interrupted ru
 half-written checkpoint.
 
 SFT runs with its own fixed seed (``sft.seed``) and restores the global RNG state afterwards, so the
-RL run that follows is the same whether the checkpoint was trained now or taken from the cache.
+RL run that follows is the same whether the checkpoint was trained now or taken from the cache. So do
+a LoRA cold start's install (``sft/adapter_asset.py``) and the GGUF conversion of the base
+(``policy/gguf_checkpoint.py``): :func:`~score_lightning.rng.preserved_rng` around each.
 """
 
 from __future__ import annotations
@@ -26,46 +28,22 @@ import json
 import logging
 import math
 import os
-import random
 import shutil
 import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from score_lightning.evaluation.settings import write_run_settings
+from score_lightning.rng import preserved_rng
 from score_lightning.sft.cache import META_FILE, is_complete, sft_output_path
 from score_lightning.sft.demo_types import Demo
 from score_lightning.sft.probe import probe_policy
 from score_lightning.sft.train import build_sft_demos, train_sft
 
 log = logging.getLogger(__name__)
-
-
-@contextmanager
-def preserved_rng():
-    """Run a block without disturbing the global torch / numpy / python RNG (nor PL_GLOBAL_SEED)."""
-    torch_state = torch.get_rng_state()
-    cuda_state = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    np_state = np.random.get_state()
-    py_state = random.getstate()
-    env = os.environ.get("PL_GLOBAL_SEED")
-    try:
-        yield
-    finally:
-        torch.set_rng_state(torch_state)
-        if cuda_state is not None:
-            torch.cuda.set_rng_state_all(cuda_state)
-        np.random.set_state(np_state)
-        random.setstate(py_state)
-        if env is None:
-            os.environ.pop("PL_GLOBAL_SEED", None)
-        else:
-            os.environ["PL_GLOBAL_SEED"] = env
 
 
 @contextmanager

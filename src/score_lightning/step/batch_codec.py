@@ -5,6 +5,12 @@ refuses arbitrary pickled objects, and a resumed asynchronous run must train exa
 interrupted one would have (it was sampled with weights the checkpoint no longer holds). So the batch is
 stored as nested dicts, lists, strings, numbers and tensors only: every dataclass becomes its import path
 and its attributes. Decoding rebuilds only dataclasses defined in ``score_lightning`` itself.
+
+Numpy scalars become plain Python values (``np.float64`` is a ``float`` and ``np.str_`` a ``str``, yet
+``weights_only`` refuses them); any other subclass of a plain type (an enum, say) is refused at save.
+A checkpoint outlives the code that wrote it: a dataclass field added since takes its default at load,
+and a field without one is refused by class and name (``validate_checkpoint`` does so before any model
+loads), never left missing for the step to trip over.
 """
 
 from __future__ import annotations
@@ -22,16 +28,19 @@ _PACKAGE = "score_lightning."
 
 def encode(obj: Any, where: str = "batch") -> Any:
     """``obj`` as checkpoint-safe values; a type it cannot store raises ``TypeError`` naming where it sits."""
-    if obj is None or isinstance(obj, (bool, int, str)):
+    if isinstance(obj, np.generic):  # before the plain types: np.float64 is a float, np.str_ a str
+        item = obj.item()
+        if isinstance(item, np.generic):  # np.longdouble has no plain equivalent
+            raise TypeError(f"{where}: cannot store a numpy {type(obj).__name__} in a checkpoint")
+        return encode(item, where)
+    if obj is None or type(obj) in (bool, int, str):
         return obj
-    if isinstance(obj, float):
+    if type(obj) is float:
         return {"__float__": repr(obj)} if not math.isfinite(obj) else obj
     if isinstance(obj, torch.Tensor):
         return obj.detach().cpu().clone()
     if isinstance(obj, np.ndarray):
         return {"__ndarray__": torch.from_numpy(np.ascontiguousarray(obj))}
-    if isinstance(obj, np.generic):
-        return encode(obj.item(), where)
     if isinstance(obj, list):
         return [encode(v, f"{where}[{i}]") for i, v in enumerate(obj)]
     if isinstance(obj, tuple):
@@ -72,6 +81,7 @@ def decode(data: Any) -> Any:
         cls = _dataclass(data["__dataclass__"])
         obj = object.__new__(cls)
         fields = {k: decode(v) for k, v in data["fields"].items()}
+        fields.update(_missing_defaults(cls, data["__dataclass__"], fields))
         if hasattr(obj, "__dict__"):
             obj.__dict__.update(fields)  # also frozen dataclasses: their __init__ is bypassed, as pickle does
         else:
@@ -79,6 +89,23 @@ def decode(data: Any) -> Any:
                 object.__setattr__(obj, k, v)
         return obj
     raise ValueError(f"not an encoded batch value: keys {sorted(data)}")
+
+
+def _missing_defaults(cls: type, path: str, stored: dict[str, Any]) -> dict[str, Any]:
+    """Defaults of the fields of ``cls`` that ``stored`` lacks (the class gained them since the save);
+    ``ValueError`` naming the class and the field when one has no default."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name in stored:
+            continue
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+        else:
+            raise ValueError(f"the stored batch's {path} has no field {f.name!r}, which has no default: the "
+                             f"checkpoint was written before {cls.__qualname__} gained it")
+    return out
 
 
 def _dataclass(path: str) -> type:
