@@ -36,6 +36,9 @@ def test_an_item_needs_its_passage_cited_retrieved_and_its_terms_stated():
     chinese = EvidenceItem("c", ("heapq-2",), ("不变量",))
     assert item_satisfied(chinese, "插入时保持堆的不变量 [heapq-2]。", ["heapq-2"])
     assert not item_satisfied(chinese, "插入时保持堆的顺序 [heapq-2]。", ["heapq-2"])
+    # a citation with no space before it (Chinese prose, or an id the trajectory retrieved) is read
+    assert item_satisfied(chinese, "插入时保持堆的不变量[heapq-2]。", ["heapq-2"])
+    assert item_satisfied(ITEM, "maintaining the invariant[heapq-2].", ["heapq-2"])
 
 
 def test_terms_are_whole_words_and_never_read_from_the_citation_itself():

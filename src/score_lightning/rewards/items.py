@@ -22,7 +22,7 @@ valid pairs are built on.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Protocol
 
 from score_lightning.rewards.citations import cited_ids, strip_citations
@@ -36,9 +36,9 @@ class ItemLike(Protocol):
     terms: Sequence[str]
 
 
-def report_prose(report: str) -> str:
+def report_prose(report: str, known_ids: Collection[str] | None = None) -> str:
     """A report's prose, lower-cased, citations removed: what ``terms`` are matched against."""
-    return strip_citations(report or "").lower()
+    return strip_citations(report or "", known_ids=known_ids).lower()
 
 
 def term_present(term: str, prose: str) -> bool:
@@ -50,10 +50,10 @@ def term_present(term: str, prose: str) -> bool:
 
 def item_check(item: ItemLike, report: str, retrieved: Iterable[str]) -> dict[str, bool]:
     """The three conditions of the module docstring for one item, each by name, and ``satisfied``."""
-    cites = set(cited_ids(report or ""))
     seen = set(retrieved)
+    cites = set(cited_ids(report or "", known_ids=seen))  # an attached citation of a retrieved id is read
     cited = [e for e in item.evidence if e in cites]
-    prose = report_prose(report)
+    prose = report_prose(report, seen)
     out = {"cited": bool(cited), "retrieved": any(e in seen for e in cited),
            "stated": all(term_present(t, prose) for t in item.terms)}
     out["satisfied"] = out["cited"] and out["retrieved"] and out["stated"]
