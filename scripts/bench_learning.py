@@ -69,7 +69,7 @@ CONDITIONS: dict[str, list[str]] = {
     "smol_frozen": ["experiment=smol_score", "solver.freeze=true", "actor.shared=false"],
 }
 DEFAULT = "frozen_solver,rule,grpo_baseline,score"
-CARD_KEYS = ("grounded_valid", "format_valid", "citation_precision", "coverage", "item_recall", "length")
+CARD_KEYS = ("grounded_valid", "format_valid", "citation_precision", "coverage", "item_recall", "citations", "length")
 
 
 def cell_dir(out: Path, cond: str, tag: str, seed: int) -> Path:

@@ -66,6 +66,7 @@ def test_grounded_valid_is_the_per_query_mean_over_samples_then_a_query_bootstra
     assert rows[3]["citation_precision"] == 0.0
     assert rows[1]["coverage"] == pytest.approx((1 / 4 + 1 / 4 + 0 + 2 / 4) / 4)
     assert rows[1]["length"] == pytest.approx((3 + 3 + 3 + 3) / 4) and rows[2]["length"] == pytest.approx(2.5)
+    assert rows[1]["citations"] == pytest.approx((1 + 2 + 0 + 2) / 4)  # distinct ids per answer
     assert card["uncited"] == 2
     g = card["summary"]["grounded_valid"]
     want = bootstrap_ci([0.5, 1.0, 0.0])  # the interval resamples queries, not answers

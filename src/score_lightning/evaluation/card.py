@@ -17,6 +17,7 @@ before the sources held the article text, the article file's sample 0):
   default, ``scripts/build_rubrics.py``) that the answer satisfies, each cited, retrieved by its own
   trajectory and stated (:mod:`score_lightning.rewards.items`); 0 for an answer that is not grounded-valid.
   Queries without items (or whose prompt differs from the items file's) have none;
+* **citations**: distinct ids the answer cites;
 * **length**: words in the answer.
 
 A query's value is the mean over its samples (``generate --samples N``); the card's mean is over queries,
@@ -41,7 +42,7 @@ from score_lightning.evaluation.settings import describe_diff, settings_diff
 from score_lightning.rewards.citations import citation_precision, cited_ids
 from score_lightning.rewards.items import ItemLike, item_recall
 
-METRICS = ("grounded_valid", "format_valid", "citation_precision", "coverage", "item_recall", "length")
+METRICS = ("grounded_valid", "format_valid", "citation_precision", "coverage", "item_recall", "citations", "length")
 #: names older cards used, read as the current ones
 LEGACY_NAMES = {"validity": "format_valid"}
 
@@ -102,6 +103,7 @@ def query_scores(article: str, source: dict, top_ids: list[str],
         "citation_precision": citation_precision(cites, source.get("retrieved_ids", [])),
         "coverage": (len(set(cites) & set(top_ids)) / len(top_ids)) if top_ids else None,
         "item_recall": recall,
+        "citations": float(len(cites)),
         "length": float(len(article.split())),
     }
 
@@ -219,9 +221,11 @@ def render(card: dict) -> str:
     """A markdown table of the summary."""
     lines = ["| metric | mean [95% CI] | queries |", "| --- | --- | --- |"]
     for m in METRICS:
-        s = card["summary"][m]
+        s = card["summary"].get(m)
+        if s is None:  # a card made before the metric existed
+            continue
         est = Estimate(s["mean"], s["ci95"][0], s["ci95"][1], s["n"])
-        lines.append(f"| {m} | {est.fmt(1 if m == 'length' else 3)} | {s['n']} |")
+        lines.append(f"| {m} | {est.fmt(1 if m in ('length', 'citations') else 3)} | {s['n']} |")
     return "\n".join(lines)
 
 
@@ -232,7 +236,7 @@ def render_comparison(cmp: dict) -> str:
         return "n/a" if v is None or not math.isfinite(v) else f"{v:.{digits}f}"
 
     for m, c in cmp["metrics"].items():
-        digits = 1 if m == "length" else 3
+        digits = 1 if m in ("length", "citations") else 3
         est = Estimate(c["delta"], c["ci95"][0], c["ci95"][1], c["n"])
         lines.append(f"| {m} | {num(c['card'], digits)} | {num(c['baseline'], digits)} | {est.fmt(digits)} | {c['n']} |")
     return "\n".join(lines)
