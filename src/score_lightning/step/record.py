@@ -110,7 +110,12 @@ def record_solver_update(sc: StepScalars, upd: SolverUpdateResult,
     for key, tag in (("pg", "solver/pg_loss"), ("kl", "solver/kl"), ("clipfrac", "solver/clipfrac"),
                      ("entropy", "solver/entropy"), ("loss", "solver/loss")):
         sc.mean(tag, upd.sums[key], tokens)
+    # the value each optimiser step minimised (optim.loss_type's normaliser), averaged over the step's updates
+    sc.mean("solver/objective", upd.sums.get("objective", 0.0), upd.sums.get("steps", 0.0))
     sc.mean("solver/advantage_abs_mean", float(upd.advantages.abs().sum()), upd.advantages.numel())
+    if upd.overlong is not None:  # reward.overlong: the penalty added to the rewards GRPO normalised (<= 0)
+        sc.mean("solver/overlong_penalty", float(upd.overlong.sum()), upd.overlong.numel())
+        sc.mean("solver/overlong_rate", float((upd.overlong < 0).sum()), upd.overlong.numel())
     if upd.trainer_logprobs is not None:
         from score_lightning.callbacks.vllm_rollout import logprob_mismatch
 

@@ -14,10 +14,18 @@ per token (``step_bonus``), which the clipped surrogate takes as ``[B, T]``.
 Engine-trainer correction (``optim.rollout_correction``, :mod:`~score_lightning.step.rollout_correction`):
 pi_old is then always recomputed before the first optimiser step, and each token's surrogate carries
 the detached weight built from pi_old / mu (the engine's log-probs), the same weight in every epoch.
+
+Variants (:mod:`~score_lightning.step.loss_variants`): ``optim.loss_type`` picks the surrogate and the
+normaliser (the counts it needs are summed over the mini-batch, or the step, and over ranks here);
+``optim.scale_rewards`` the advantage's scale; ``reward.overlong`` adds DAPO's length penalty to the
+rewards before the advantages (dynamic sampling decided on the task reward, as verl's DAPO filters on
+accuracy); ``solver.mask_truncated`` takes a truncated trajectory's tokens out of the loss and out of
+every token count, after it took part in its group's advantages (TRL's ``mask_truncated_completions``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -26,7 +34,8 @@ from torch import Tensor, nn
 
 from score_lightning import distributed as D
 from score_lightning.step.batching import TokenBatch, build_token_batch, policy_logprobs
-from score_lightning.step.losses import group_advantages, grpo_token_loss
+from score_lightning.step.loss_variants import (default_buffer_len, loss_scale, overlong_penalty, policy_loss,
+                                                resolve_scale_rewards, scaled_advantages)
 from score_lightning.step.rollout_correction import RolloutCorrection, batch_correction
 from score_lightning.rollout.trajectory import Trajectory
 from score_lightning.step.solver_rows import TokenBonus, token_advantages, training_rows
@@ -48,15 +57,24 @@ class GRPOSettings:
     adv_eps: float
     share_prompt: bool = False  # one packed forward per prompt group (optim.share_prompt_forward)
     correction: RolloutCorrection = RolloutCorrection()  # optim.rollout_correction (engine-trainer IS weights)
+    loss_type: str = "grpo"  # optim.loss_type (step/loss_variants.py)
+    scale_rewards: str = "group"  # optim.scale_rewards when norm_adv_by_std (false: none)
+    max_response_tokens: int = 0  # solver.max_response_tokens: dr_grpo's constant, reward.overlong's cap
+    mask_truncated: bool = False  # solver.mask_truncated
+    overlong: "OverlongShaping | None" = None  # reward.overlong (None: off)
 
     @classmethod
     def from_cfg(cls, cfg) -> "GRPOSettings":
         o, loss = cfg.optim, cfg.loss
+        scale = resolve_scale_rewards(o.get("scale_rewards"), loss.get("norm_adv_by_std"))
         return cls(int(cfg.solver.num_rollouts), float(cfg.solver.temperature), int(o.mini_batch_size),
-                   int(o.micro_batch_size), int(o.ppo_epochs), float(loss.clip_ratio_low), float(loss.clip_ratio_high),
-                   float(loss.kl_coef), float(loss.kl_clamp), float(loss.entropy_coef), bool(loss.norm_adv_by_std),
-                   float(loss.adv_eps), bool(o.get("share_prompt_forward", False)),
-                   correction=RolloutCorrection.from_cfg(cfg))
+                   int(o.micro_batch_size), int(o.ppo_epochs), float(o.get("clip_ratio_low", loss.clip_ratio_low)),
+                   float(o.get("clip_ratio_high", loss.clip_ratio_high)), float(loss.kl_coef), float(loss.kl_clamp),
+                   float(loss.entropy_coef), scale != "none", float(loss.adv_eps),
+                   bool(o.get("share_prompt_forward", False)), correction=RolloutCorrection.from_cfg(cfg),
+                   loss_type=str(o.get("loss_type", "grpo")), scale_rewards=scale,
+                   max_response_tokens=int(cfg.solver.max_response_tokens),
+                   mask_truncated=bool(cfg.solver.get("mask_truncated", False)), overlong=OverlongShaping.from_cfg(cfg))
 
     def mini_batches(self, num_queries: int, world: int) -> list[list[int]]:
         """This rank's trajectory rows of each optimiser step.
@@ -73,6 +91,32 @@ class GRPOSettings:
         n = max(1, -(-num_queries // per_rank))
         k = self.num_rollouts
         return [[q * k + j for q in range(num_queries) if q % n == m for j in range(k)] for m in range(n)]
+
+
+@dataclass(frozen=True)
+class OverlongShaping:
+    """``reward.overlong``: DAPO's soft penalty over the last ``buffer_len`` tokens before the cap ``max_len``.
+
+    A trajectory's length is what the cap counts: its whole response, observations included
+    (``solver.max_response_tokens``), so the buffer sits before the point where the agent loop cuts it.
+    """
+
+    max_len: int
+    buffer_len: int
+    factor: float = 1.0
+
+    @classmethod
+    def from_cfg(cls, cfg) -> "OverlongShaping | None":
+        ov = cfg.reward.get("overlong") or {}
+        if not bool(ov.get("enabled", False)):
+            return None
+        cap = int(cfg.solver.max_response_tokens)
+        buf = ov.get("buffer_len")
+        return cls(cap, default_buffer_len(cap) if buf is None else int(buf), float(ov.get("penalty_factor", 1.0)))
+
+    def penalty(self, trajs: Sequence[Trajectory]) -> Tensor:
+        lengths = torch.tensor([len(t.response_ids) for t in trajs], dtype=torch.float32)
+        return overlong_penalty(lengths, self.max_len, self.buffer_len, self.factor)
 
 
 @dataclass
@@ -95,6 +139,7 @@ class SolverUpdateResult:
     trainer_logprobs: Tensor | None = None  # pre-update log-probs [rows, L-1] (for the engine mismatch metric)
     rows: list = field(default_factory=list)  # the trained rows (trajectories, or MaMs segments), as in trainer_logprobs
     correction: dict[str, float] = field(default_factory=dict)  # engine-trainer gap and IS-weight sums
+    overlong: Tensor | None = None  # [N] reward.overlong's penalty per trajectory (None: off)
 
 
 def chunked_logprobs(model: nn.Module, batch: TokenBatch, temperature: float, micro: int, device,
@@ -123,17 +168,25 @@ def solver_update(policy: nn.Module, ref: nn.Module | None, trajs: Sequence[Traj
     """
     s = settings
     include = None if exclude is None else ~exclude.to(torch.bool)
-    adv = group_advantages(rewards, s.num_rollouts, normalize_std=s.norm_adv_by_std, eps=s.adv_eps, include=include)
+    overlong = s.overlong.penalty(trajs) if s.overlong is not None else None
+    shaped = rewards if overlong is None else rewards + overlong.to(rewards.device)
+    scale = s.scale_rewards if s.norm_adv_by_std else "none"
+    batch_std = _global_reward_std(shaped, include) if scale == "batch" else None
+    adv = scaled_advantages(shaped, s.num_rollouts, scale, eps=s.adv_eps, include=include, batch_std=batch_std)
     if neutral is not None:
         adv = adv.masked_fill(neutral.to(adv.device), 0.0)
     tr = training_rows(trajs)
     batch = build_token_batch([t.prompt_ids for t in tr.rows], [t.response_ids for t in tr.rows],
                               [t.response_mask for t in tr.rows], pad_id)
+    owner = torch.as_tensor(tr.owner, dtype=torch.long)
     if exclude is not None and tr.rows:
-        batch.loss_mask[exclude.to(torch.bool)[torch.as_tensor(tr.owner, dtype=torch.long)]] = 0.0
-    row_adv = adv[torch.as_tensor(tr.owner, dtype=torch.long)] if tr.rows else adv
+        batch.loss_mask[exclude.to(torch.bool)[owner]] = 0.0
+    if s.mask_truncated and tr.rows:  # the rows of a truncated trajectory leave the loss (TRL's mask_truncated_completions)
+        batch.loss_mask[torch.tensor([t.truncated for t in trajs], dtype=torch.bool)[owner]] = 0.0
+    row_adv = adv[owner] if tr.rows else adv
     tok_adv = token_advantages(batch, tr, adv, step_bonus) if step_bonus is not None else None
-    mini_batches = [tr.of(mb) for mb in s.mini_batches(len(trajs) // s.num_rollouts, D.world_size())]
+    traj_batches = s.mini_batches(len(trajs) // s.num_rollouts, D.world_size())
+    mini_batches = [tr.of(mb) for mb in traj_batches]
     off_policy = s.ppo_epochs > 1 or len(mini_batches) > 1
     old_lp = ref_lp = None
     with torch.no_grad():
@@ -141,15 +194,20 @@ def solver_update(policy: nn.Module, ref: nn.Module | None, trajs: Sequence[Traj
             old_lp = chunked_logprobs(policy, batch, s.temperature, s.micro_batch_size, hooks.device, s.share_prompt)
         if s.kl_coef > 0 and ref is not None:
             ref_lp = chunked_logprobs(ref, batch, s.temperature, s.micro_batch_size, hooks.device, s.share_prompt)
-    is_w, corr_sums = batch_correction(s.correction, old_lp, tr.rows, batch.loss_mask, torch.as_tensor(tr.owner))
+    is_w, corr_sums = batch_correction(s.correction, old_lp, tr.rows, batch.loss_mask, owner)
     result = SolverUpdateResult(adv, {k: 0.0 for k in ("pg", "kl", "clipfrac", "entropy", "tokens", "loss")},
-                                trainer_logprobs=old_lp, rows=tr.rows, correction=corr_sums)
+                                trainer_logprobs=old_lp, rows=tr.rows, correction=corr_sums, overlong=overlong)
+    result.sums.update(objective=0.0, steps=0.0)
     world = D.world_size()
+    step_tokens = D.global_sum(float(batch.num_tokens)) if s.loss_type == "dapo" else 0.0
     for _epoch in range(s.ppo_epochs):
-        for rows in mini_batches:
-            mb_tokens = D.global_sum(float(batch.rows(rows).num_tokens))
+        for rows, mb_trajs in zip(mini_batches, traj_batches):
+            mb = batch.rows(rows)
+            mb_tokens = D.global_sum(float(mb.num_tokens))
             if mb_tokens == 0:  # same on every rank: all skip together
                 continue
+            counts = _normaliser_counts(s, mb, len(mb_trajs), world, mb_tokens, step_tokens, len(mini_batches))
+            n_micro = -(-len(rows) // s.micro_batch_size)
             for ms in range(0, len(rows), s.micro_batch_size):
                 idx = rows[ms:ms + s.micro_batch_size]
                 sub = batch.rows(idx).to(hooks.device)
@@ -159,18 +217,46 @@ def solver_update(policy: nn.Module, ref: nn.Module | None, trajs: Sequence[Traj
                 old = old_lp[idx, :width].to(hooks.device) if (old_lp is not None and off_policy) else logp.detach()
                 ref_rows = ref_lp[idx, :width].to(hooks.device) if ref_lp is not None else None
                 a = tok_adv[idx, :width] if tok_adv is not None else row_adv[idx]  # [B, T] with step rewards, else [B]
-                loss_sum, st = grpo_token_loss(
-                    logp, old, ref_rows, a.to(hooks.device), sub.loss_mask, clip_low=s.clip_low,
+                loss_sum, st = policy_loss(
+                    logp, old, ref_rows, a.to(hooks.device), sub.loss_mask, loss_type=s.loss_type, clip_low=s.clip_low,
                     clip_high=s.clip_high, kl_coef=s.kl_coef, entropy_coef=s.entropy_coef, entropy=ent,
                     kl_clamp=s.kl_clamp, is_weight=is_w[idx, :width].to(hooks.device) if is_w is not None else None,
                     kl_is_weighted=s.correction.kl_is_weighted,
                 )
-                # exact global token mean; DDP/FSDP average gradients over ranks, hence * world size
-                hooks.backward(loss_sum * (world / mb_tokens))
-                for key in ("pg", "kl", "clipfrac", "entropy", "tokens"):
+                # DDP/FSDP average gradients over ranks: a batch normaliser carries the world size (loss_scale)
+                factor = loss_scale(s.loss_type, micro_tokens=float(st["tokens"]), micro_batches=n_micro, **counts)
+                hooks.backward(loss_sum * factor)
+                for key in ("pg", "kl", "clipfrac", "entropy", "tokens", "loss"):
                     result.sums[key] += float(st[key])
-                result.sums["loss"] += float(loss_sum.detach())
+                result.sums["objective"] += float(loss_sum.detach()) * factor / world  # summed over ranks: the objective
             norm, ok = hooks.step()
+            result.sums["steps"] += 1.0 / world
             result.grad_norms.append(norm)
             result.updates += int(ok)
     return result
+
+
+def _normaliser_counts(s: GRPOSettings, mb: TokenBatch, trajectories: int, world: int, mb_tokens: float,
+                       step_tokens: float, mini_batches: int) -> dict:
+    """The global counts :func:`~score_lightning.step.loss_variants.loss_scale` needs for ``s.loss_type``
+    (a collective only for the type that needs it, the same on every rank)."""
+    counts = dict(world=world, mini_tokens=mb_tokens)
+    if s.loss_type == "dapo":
+        counts.update(step_tokens=step_tokens, mini_batches=mini_batches)
+    elif s.loss_type == "dr_grpo":  # the mini-batch's trajectories (masked ones too: a constant), over all ranks
+        counts.update(mini_trajectories=D.global_sum(float(trajectories)), max_len=s.max_response_tokens)
+    elif s.loss_type == "gspo":  # rows with a trained token
+        counts.update(mini_sequences=D.global_sum(float((mb.loss_mask.sum(dim=1) > 0).sum())))
+    return counts
+
+
+def _global_reward_std(rewards: Tensor, include: Tensor | None) -> float:
+    """The unbiased std of the (included) rewards of the global batch (``optim.scale_rewards=batch``)."""
+    r = rewards.detach().double()
+    if include is not None:
+        r = r[include.to(torch.bool)]
+    n = D.global_sum(float(r.numel()))
+    if n < 2:
+        return 0.0
+    mean = D.global_sum(float(r.sum())) / n
+    return math.sqrt(D.global_sum(float(((r - mean) ** 2).sum())) / (n - 1))

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 from score_lightning.launch.config_validation.values import BOOL, Checks, integer, number, one_of
 from score_lightning.launch.config_validation.topology import data_parallel_size
+from score_lightning.step.loss_variants import LOSS_TYPES, SCALE_REWARDS, resolve_scale_rewards
 from score_lightning.step.rollout_correction import MODES, resolve_mode
+
+log = logging.getLogger(__name__)
 
 
 def check_update(c: Checks) -> None:
@@ -12,7 +17,6 @@ def check_update(c: Checks) -> None:
     c("loss.clip_ratio_low", number(0.0, 1.0, hi_open=True), "a number in [0, 1)")
     c("loss.clip_ratio_high", number(0.0), "a number >= 0")
     c("loss.entropy_coef", number(0.0), "a number >= 0")
-    c("loss.norm_adv_by_std", *BOOL)
     c("optim.lr", number(0.0, lo_open=True), "a number > 0")
     c("optim.eps", number(0.0, lo_open=True), "a number > 0")
     c("optim.warmup_steps", integer(0), "an integer >= 0")
@@ -34,6 +38,40 @@ def check_update(c: Checks) -> None:
         c.add(f"optim.mini_batch_size={mb}: counts global queries and must be divisible by the {world} "
               "data-parallel processes")
     check_rollout_correction(c)
+    check_loss_variants(c)
+
+
+def check_loss_variants(c: Checks) -> None:
+    """``optim.loss_type`` and its companions (step/loss_variants.py), and where one does not apply."""
+    c("optim.loss_type", one_of(*LOSS_TYPES), ", ".join(LOSS_TYPES))
+    c("optim.clip_ratio_low", number(0.0, 1.0), "a number in [0, 1] (the ratio's lower clip is 1 - it; 1: none)")
+    c("optim.clip_ratio_high", number(0.0), "a number >= 0 (the upper clip is 1 + it)")
+    c("optim.scale_rewards", one_of(*SCALE_REWARDS), ", ".join(SCALE_REWARDS))
+    c("solver.mask_truncated", *BOOL)
+    norm = c.get("loss.norm_adv_by_std")
+    if norm is not None:
+        c("loss.norm_adv_by_std", *BOOL)
+    scale = c.get("optim.scale_rewards")
+    if isinstance(norm, bool) and scale in SCALE_REWARDS:
+        try:
+            resolved = resolve_scale_rewards(scale, norm)
+        except ValueError as exc:
+            c.add(str(exc))
+        else:
+            if not norm:
+                log.warning("loss.norm_adv_by_std=false is deprecated: it means optim.scale_rewards=%s", resolved)
+    if not c.get("reward.overlong.enabled", False):
+        return
+    c("reward.overlong.enabled", *BOOL)
+    cap, buf = c.get("solver.max_response_tokens"), c.get("reward.overlong.buffer_len")
+    if buf is not None:
+        c("reward.overlong.buffer_len", integer(1, cap if isinstance(cap, int) else None),
+          f"null or an integer in [1, solver.max_response_tokens={cap}] (tokens before the cap where the penalty grows)")
+    c("reward.overlong.penalty_factor", number(0.0), "a number >= 0 (the penalty at the cap)")
+    if c.get("solver.agent") == "mams":
+        c.add("reward.overlong.enabled=true with solver.agent=mams: a MaMs trajectory is not cut at one length "
+              "(each role call has its own budget, the report role's ends it), so there is no cap to put a buffer "
+              "before; use solver.agent=react or reward.overlong.enabled=false")
 
 
 def check_rollout_correction(c: Checks) -> None:
