@@ -6,6 +6,14 @@ run four spinning OpenMP threads, and a tiny-model SCORE step that takes ~3 s al
 (NOTES.md). Lightning divides the cores among DDP processes only when it launches them itself, and
 never for one process, and no process can see an independent run started beside it: that is what
 ``threads.runs`` (or ``OMP_NUM_THREADS=1``) tells it.
+
+``auto`` also looks at the load already on the machine (issue 49: with three other jobs on 2 cores, 2
+threads took 45-52 s a step and 1 thread 11.4 s): the cores other work keeps busy, read as the larger
+of the run queue now (runnable tasks in ``/proc/loadavg``, sampled a few times, this process's own
+threads and its sibling ranks left out) and the 1-minute load average (less this process's own recent
+share), are taken off the usable cores before they are divided. It logs what it saw and chose, and
+warns when the machine is oversubscribed. The reading is system-wide: with fewer usable cores than the
+machine has (an affinity mask, a cgroup quota), it is scaled to the usable share.
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +59,82 @@ def _cgroup_quota() -> float | None:
 
 
 @dataclass(frozen=True)
+class LoadReading:
+    """What else keeps the machine busy, in cores: ``runnable`` (other tasks runnable now, the median of a few
+    samples of the run queue) and ``load_avg`` (the 1-minute load average less this process's own share); both
+    system-wide, over ``online`` CPUs."""
+
+    runnable: float
+    load_avg: float
+    online: int
+
+    def busy(self, cores: int, siblings: int = 0) -> float:
+        """Cores of the ``cores`` this process may use that other work keeps busy: the larger reading (a job that
+        just started shows in the run queue before the average), less this run's ``siblings`` (its other local
+        processes, started with it), scaled to the usable share of the machine."""
+        others = max(self.runnable, self.load_avg) - siblings
+        return max(0.0, others) * min(1.0, cores / max(1, self.online))
+
+    def describe(self, cores: int, siblings: int = 0) -> str:
+        return (f"other work keeps {self.busy(cores, siblings):.1f} of them busy (run queue {self.runnable:.1f}, "
+                f"1-minute load average {self.load_avg:.2f}, over {self.online} CPUs)")
+
+
+def own_load_share(cpu_seconds: float, elapsed_seconds: float) -> float:
+    """This process's contribution to the 1-minute load average: the share of its life it was running (its CPU
+    time over its age, at most 1 per thread it ran), weighted by how much of the average's minute it has lived."""
+    if elapsed_seconds <= 0:
+        return 0.0
+    return (cpu_seconds / elapsed_seconds) * (1.0 - math.exp(-elapsed_seconds / 60.0))
+
+
+def _own_running_threads() -> int:
+    """This process's threads in state R (the one reading is one of them)."""
+    running = 0
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            running += (task / "stat").read_text().rsplit(")", 1)[1].split()[0] == "R"
+        except (OSError, IndexError):
+            continue
+    return max(1, running)
+
+
+def _age_seconds() -> float:
+    ticks = os.sysconf("SC_CLK_TCK")
+    start = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]) / ticks
+    return float(Path("/proc/uptime").read_text().split()[0]) - start
+
+
+def machine_load(samples: int = 5, interval_s: float = 0.02) -> LoadReading | None:
+    """Read the machine's load (Linux ``/proc``); None where it cannot be read. Takes ``samples x interval_s``."""
+    try:
+        queue = []
+        for i in range(samples):
+            fields = Path("/proc/loadavg").read_text().split()
+            queue.append(int(fields[3].split("/")[0]) - _own_running_threads())
+            if i + 1 < samples:
+                time.sleep(interval_s)
+        cpu = sum(os.times()[:2])
+        load_avg = max(0.0, float(fields[0]) - own_load_share(cpu, _age_seconds()))
+    except (OSError, ValueError, IndexError):
+        return None
+    return LoadReading(max(0.0, float(statistics.median(queue))), load_avg, os.cpu_count() or 1)
+
+
+def oversubscribed(load: LoadReading | None, cores: int, threads: int, siblings: int = 0) -> str | None:
+    """The warning when other work and this run's ``threads`` (all its local processes') need more than the
+    usable cores, with half a core of slack for the reading's noise; None otherwise."""
+    if load is None:
+        return None
+    busy = load.busy(cores, siblings)
+    if busy + threads <= cores + 0.5:
+        return None
+    return (f"the machine is oversubscribed: {cores} usable core{'s' * (cores != 1)}, "
+            f"{load.describe(cores, siblings)}, and this run adds {threads} thread{'s' * (threads != 1)}; every step "
+            "will be slower. Stop other jobs, or give each run its share with threads.runs (docs/INSTALL.md)")
+
+
+@dataclass(frozen=True)
 class ThreadPlan:
     """How many threads, and why (the log line). ``worker_threads``: the asynchronous rollout worker's
     share (``rollout.mode=async``; 0 when there is no worker)."""
@@ -74,23 +160,55 @@ def with_worker(plan: ThreadPlan) -> ThreadPlan:
                                f"of {plan.threads}{share}", worker)
 
 
-def plan_threads(setting: object, runs: int, local_processes: int, cores: int, env: dict[str, str]) -> ThreadPlan:
+def _siblings(local_processes: int, env: dict[str, str]) -> int:
+    """This run's other local processes already running when the load is read: all of them under an external
+    launcher (torchrun, SLURM: ``LOCAL_RANK`` is set in every rank), none when Lightning launches the ranks (the
+    first process reads the load before it starts the others)."""
+    return local_processes - 1 if env.get("LOCAL_RANK", "").strip() else 0
+
+
+def auto_applies(setting: object, env: dict[str, str]) -> bool:
+    """Whether ``auto`` computes the count here (so the load is worth reading): no explicit N, no user's
+    ``OMP_NUM_THREADS``, and not a rank that inherited the count from the process that launched it."""
+    if setting != "auto":
+        return False
+    omp = env.get("OMP_NUM_THREADS", "").strip()
+    if not (omp.isdigit() and int(omp) > 0):
+        return True
+    return env.get(_MARK) == omp and env.get("LOCAL_RANK", "0").strip() in ("", "0")
+
+
+def plan_threads(setting: object, runs: int, local_processes: int, cores: int, env: dict[str, str],
+                 load: LoadReading | None = None) -> ThreadPlan:
     """Pure: the thread count for ``threads.num`` = ``setting`` ("auto" or N).
 
     Precedence: an explicit ``threads.num=N``; then ``OMP_NUM_THREADS`` from the environment (the
-    user's own, not one this module set for a parent process); then auto = cores / (local processes
-    x runs), at least 1.
+    user's own, not one this module set for a parent process); then auto = the idle cores / (local
+    processes x runs), at least 1, where the idle cores are the usable ones less those ``load`` finds busy
+    with other work (rounded to the nearest core; ``load=None``: all of them). A DDP rank that inherited
+    this module's choice from the process that launched it keeps it (that process read the load before its
+    siblings started).
     """
-    auto = max(1, cores // max(1, local_processes * runs))
+    split = max(1, local_processes * runs)
+    auto = max(1, cores // split)
     why_auto = (f"{cores} usable core{'s' * (cores != 1)} / {local_processes} local "
                 f"process{'es' * (local_processes != 1)} / threads.runs={runs}")
     if setting != "auto":
         return ThreadPlan(int(setting), f"threads.num={setting} (auto would give {auto}: {why_auto})")
     omp = env.get("OMP_NUM_THREADS", "").strip()
-    if omp.isdigit() and int(omp) > 0 and env.get(_MARK) != omp:  # not one this module exported earlier
+    if not auto_applies(setting, env):
+        if env.get(_MARK) == omp:
+            return ThreadPlan(int(omp), f"threads.num=auto: {omp}, as the process that launched this rank chose it")
         return ThreadPlan(int(omp), f"OMP_NUM_THREADS={omp} from the environment wins over threads.num=auto "
                                     f"(auto would give {auto}: {why_auto})")
-    return ThreadPlan(auto, f"threads.num=auto: {why_auto}")
+    if load is None:
+        return ThreadPlan(auto, f"threads.num=auto: {why_auto}")
+    siblings = _siblings(local_processes, env)
+    idle = max(0, math.floor(cores - load.busy(cores, siblings) + 0.5))
+    threads = max(1, min(auto, idle // split))
+    verdict = "" if threads == auto else (f": {idle} idle core{'s' * (idle != 1)} for {split} "
+                                          f"process{'es' * (split != 1)} of this run, so {threads} instead of {auto}")
+    return ThreadPlan(threads, f"threads.num=auto: {why_auto}; {load.describe(cores, siblings)}{verdict}")
 
 
 def local_processes(devices: object, strategy: str, accelerator: str) -> int:
@@ -129,7 +247,9 @@ def apply_threads(cfg) -> ThreadPlan:
     devices = list(devices) if isinstance(devices, ListConfig) else devices
     procs = local_processes(devices, str(OmegaConf.select(cfg, "strategy.name")),
                             str(OmegaConf.select(cfg, "trainer.accelerator")))
-    plan = plan_threads(t.get("num", "auto"), int(t.get("runs", 1)), procs, usable_cores(), dict(os.environ))
+    setting, runs, cores, env = t.get("num", "auto"), int(t.get("runs", 1)), usable_cores(), dict(os.environ)
+    load = machine_load() if auto_applies(setting, env) else None  # about 0.1 s, only where auto decides
+    plan = plan_threads(setting, runs, procs, cores, env, load)
     if str(OmegaConf.select(cfg, "rollout.mode") or "sync") == "async":
         plan = with_worker(plan)
     torch.set_num_threads(plan.threads)
@@ -140,4 +260,7 @@ def apply_threads(cfg) -> ThreadPlan:
         os.environ["OMP_NUM_THREADS"] = os.environ[_MARK] = str(plan.threads)
     if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("RANK", "0") == "0":
         log.info("CPU threads per process: %d (%s)", plan.threads, plan.reason)
+        warning = oversubscribed(load, cores, (plan.threads + plan.worker_threads) * procs, _siblings(procs, env))
+        if warning is not None:
+            log.warning(warning)
     return plan
