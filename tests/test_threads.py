@@ -83,7 +83,7 @@ def test_apply_sets_torch_and_the_environment_and_logs_once(monkeypatch, caplog,
         assert os.environ["OMP_NUM_THREADS"] == "2" and os.environ["RAYON_NUM_THREADS"] == "2"  # DDP ranks inherit
         lines = [r.getMessage() for r in caplog.records if r.name == "score_lightning.launch.threads"]
         assert lines == ["CPU threads per process: 2 (threads.num=auto: 4 usable cores / 1 local process / "
-                         "threads.runs=2; other work keeps 0.0 of them busy (run queue 0.0, 1-minute load average "
+                         "threads.runs=2; other work needs 0.0 cores (run queue 0.0, 1-minute load average "
                          "0.10, over 64 CPUs))"]
         # a second run in the same process recomputes from its own config, not from the exported value
         assert apply_threads(compose(["threads.runs=4"])).threads == 1 and os.environ["OMP_NUM_THREADS"] == "1"
@@ -120,7 +120,7 @@ def test_apply_under_async_gives_the_trainer_its_share_and_logs_both(monkeypatch
         assert (plan.threads, plan.worker_threads) == (1, 1) and torch.get_num_threads() == 1
         assert [r.getMessage() for r in caplog.records if r.name == "score_lightning.launch.threads"] == [
             "CPU threads per process: 1 (threads.num=auto: 2 usable cores / 1 local process / threads.runs=1; "
-            "other work keeps 0.0 of them busy (run queue 0.0, 1-minute load average 0.10, over 64 CPUs); "
+            "other work needs 0.0 cores (run queue 0.0, 1-minute load average 0.10, over 64 CPUs); "
             "rollout.mode=async: trainer 1 + rollout worker 1 of 2)"]
         assert apply_threads(compose([])).worker_threads == 0  # sync: no worker, nothing withheld
         assert apply_threads(compose([])).threads == 2
@@ -145,7 +145,7 @@ def test_apply_under_async_gives_the_trainer_its_share_and_logs_both(monkeypatch
 def test_auto_takes_the_busy_cores_off_before_dividing(runnable, load_avg, cores, procs, expected):
     plan = plan_threads("auto", 1, procs, cores, {}, LoadReading(runnable, load_avg, cores))
     assert plan.threads == expected
-    assert f"other work keeps {max(runnable, load_avg):.1f} of them busy" in plan.reason
+    assert f"other work needs {max(runnable, load_avg):.1f} cores" in plan.reason
     if expected < cores // procs:  # says why it chose fewer than the share
         assert f"so {expected} instead of {cores // procs}" in plan.reason
 
@@ -177,7 +177,7 @@ def test_oversubscription_warns():
     assert T.oversubscribed(LoadReading(0.0, 0.1, 2), 2, 2) is None
     assert T.oversubscribed(LoadReading(1.0, 1.0, 2), 2, 1) is None
     warning = T.oversubscribed(LoadReading(2.0, 2.1, 2), 2, 1)
-    assert warning.startswith("the machine is oversubscribed: 2 usable cores, other work keeps 2.1 of them busy")
+    assert warning.startswith("the machine is oversubscribed: 2 usable cores, other work needs 2.1 cores")
     assert T.oversubscribed(None, 2, 8) is None
 
 
@@ -215,7 +215,7 @@ def test_a_busy_process_on_each_core_leaves_auto_one_thread_and_it_says_why(monk
     assert plan.threads == 1
     lines = [r.getMessage() for r in caplog.records if r.name == "score_lightning.launch.threads"]
     assert lines[0].startswith(f"CPU threads per process: 1 (threads.num=auto: {cores} usable core")
-    assert "other work keeps" in lines[0] and "run queue" in lines[0] and "1-minute load average" in lines[0]
+    assert "other work needs" in lines[0] and "run queue" in lines[0] and "1-minute load average" in lines[0]
     if cores > 1:
         assert f"so 1 instead of {cores}" in lines[0]
     assert lines[1].startswith(f"the machine is oversubscribed: {cores} usable core")

@@ -76,7 +76,7 @@ class LoadReading:
         return max(0.0, others) * min(1.0, cores / max(1, self.online))
 
     def describe(self, cores: int, siblings: int = 0) -> str:
-        return (f"other work keeps {self.busy(cores, siblings):.1f} of them busy (run queue {self.runnable:.1f}, "
+        return (f"other work needs {self.busy(cores, siblings):.1f} cores (run queue {self.runnable:.1f}, "
                 f"1-minute load average {self.load_avg:.2f}, over {self.online} CPUs)")
 
 
