@@ -79,3 +79,24 @@ def test_pointwise_scoring_on_two_processes_matches_one_process(tmp_path, tiny_c
     for tag in ("solver/reward_mean", "evaluator/verification_depth_mean", "evaluator/scoring_valid_rate",
                 "evaluator/incomplete_rate"):
         assert [v for _, v in s2[tag]] == pytest.approx([v for _, v in scalars[tag]], rel=1e-5, abs=1e-5), tag
+
+
+VARIANT_OPTIONS = ["optim.scale_rewards=batch", "reward.overlong.enabled=true", "reward.overlong.buffer_len=150",
+                   "solver.mask_truncated=true"]
+
+
+@pytest.mark.multiprocess  # two or more training processes: make test-multiprocess (CI runs it)
+@pytest.mark.parametrize("loss_type", ["bnpo", "dr_grpo", "dapo", "gspo", "cispo"])
+def test_each_loss_variant_on_two_processes_matches_one_process(tmp_path, tiny_ckpt, loss_type):
+    """The counts behind each ``optim.loss_type``'s normaliser (tokens of the mini-batch or the step, sequences,
+    trajectories) and the batch std of ``optim.scale_rewards=batch`` are summed over ranks: DDP on 2 processes
+    ends with the weights of 1 process. (bnpo's micro-batches are the same on both sides here: one query's 3
+    rows each.)"""
+    extra = [f"optim.loss_type={loss_type}", *VARIANT_OPTIONS]
+    w1 = _train(tmp_path / "single", ["strategy=single", *extra])
+    w2 = _train(tmp_path / "ddp", ["strategy=ddp", "trainer.devices=2", *extra])
+    worst = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
+    assert worst < 1e-5, f"{loss_type} on 2 DDP processes differs from 1 process by {worst:.2e}"
+    s1, s2 = read_scalars(tmp_path / "single" / "tensorboard"), read_scalars(tmp_path / "ddp" / "tensorboard")
+    for tag in ("solver/objective", "solver/overlong_penalty"):
+        assert [v for _, v in s2[tag]] == pytest.approx([v for _, v in s1[tag]], rel=1e-5, abs=1e-6), tag
