@@ -366,3 +366,25 @@ def test_every_loss_type_trains_tiny_score_from_the_cli_and_logs_its_loss(tmp_pa
         assert all(v < 0 for _, v in scalars["solver/overlong_penalty"]), loss_type  # 200-token cap, 150 buffer
         objectives[loss_type] = scalars["solver/objective"][-1][1]
     assert len(set(objectives.values())) == len(LOSS_TYPES), objectives  # six different objectives
+
+
+def test_variants_compose_with_async_rollouts_the_correction_and_the_evaluator_phase(tmp_path, tiny_ckpt):
+    """gspo and cispo (the two surrogates of their own) under rollout.mode=async with a token-truncated rollout
+    weight: both phases train each step, and the weights and the objective are logged. (The normalisers of the
+    others read only token counts, which async does not change.)"""
+    sweep = tmp_path / "sweep"
+    cli = [sys.executable, "src/train.py", "-m", "experiment=tiny_score", "sft.enabled=false", "rollout=scripted",
+           "rollout.mode=async", "optim.rollout_correction=token_truncate", "solver.num_rollouts=2",
+           "data.batch_size=2", "optim.mini_batch_size=1", "optim.micro_batch_size=2",
+           "solver.max_response_tokens=200", "solver.max_tool_calls=1", "evaluator.max_response_tokens=300",
+           "evaluator.max_rubric_tokens=160", "evaluator.max_tool_calls=1", "trainer.enable_progress_bar=false",
+           "callbacks.collapse_guard.enabled=false", "trainer.max_steps=2", "optim.lr=1e-3", "optim.warmup_steps=0",
+           "optim.loss_type=gspo,cispo", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.run(cli, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for i, loss_type in enumerate(("gspo", "cispo")):
+        scalars = read_scalars(sweep / str(i))
+        for tag in ("solver/objective", "rollout/is_weight_mean", "evaluator/loss", "rollout/staleness_max"):
+            assert [s for s, _ in scalars[tag]] == [0, 1] and all(math.isfinite(v) for _, v in scalars[tag]), \
+                (loss_type, tag)
+        assert scalars["rollout/staleness_max"][-1][1] == 1.0, loss_type  # step 1 trained a batch of version 0
