@@ -21,7 +21,7 @@ too. When an article has no entry in the sources file its citations cannot be ch
 counted as missing (``no_sources_entry``).
 
 **Failures.** Requests go through the official ``openai`` SDK
-(:class:`~score_lightning.harness.chat.ChatClient`): it retries a timeout, a connection error and
+(:class:`~score_lightning.clients.chat.ChatClient`): it retries a timeout, a connection error and
 HTTP 408/409/429/5xx ``max_retries`` times with its own backoff; other 4xx statuses are not
 retried. A reply that does not parse into the expected JSON, is cut at ``max_tokens`` or is not a
 chat completion is asked again (with the reason) up to ``max_retries`` times. A request that still
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from score_lightning.harness.chat import ChatClient, ChatOutcome, ReplyError, extract_json_object
+from score_lightning.clients.chat import ChatClient, ChatOutcome, ReplyError, extract_json_object
 from score_lightning.rewards.citations import cited_ids, strip_citations, ungrounded_ids
 
 log = logging.getLogger(__name__)
