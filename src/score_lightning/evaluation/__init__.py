@@ -139,7 +139,7 @@ def _run_budgets(model: str) -> dict[str, int]:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from score_lightning.launch.preflight import check_model_source
+    from score_lightning.policy.preflight import check_model_source
 
     check_model_source(args.model, "--model")  # before anything loads: one error block, as training's
     from score_lightning.evaluation.generate import GenerateConfig, generate_articles

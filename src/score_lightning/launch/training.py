@@ -133,7 +133,7 @@ def build_trainer(cfg: DictConfig, callbacks: list):
     from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
 
     from score_lightning.policy.checkpoint_io import AtomicCheckpointIO
-    from score_lightning.launch.loggers import build_loggers
+    from score_lightning.telemetry.loggers import build_loggers
 
     t = cfg.trainer
     # FSDP writes sharded checkpoint directories through torch.distributed.checkpoint instead
@@ -171,7 +171,7 @@ def probe_model(cfg: DictConfig) -> None:
     path = cfg.model.get("name_or_path")
     if not path:  # the tiny model, built locally
         return
-    from score_lightning.launch.preflight import check_model_source
+    from score_lightning.policy.preflight import check_model_source
 
     source = check_model_source(str(path), "model.name_or_path")
     log.info("model.name_or_path=%s: loading from %s", path,
@@ -201,7 +201,7 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
 
     from score_lightning.callbacks.preemption import Preempted
     from score_lightning.data.datamodule import QueryDataModule
-    from score_lightning.launch.console import quiet_console
+    from score_lightning.telemetry.console import quiet_console
     from score_lightning.module import ScoreModule
     from score_lightning.launch.threads import apply_threads
 

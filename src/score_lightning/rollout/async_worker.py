@@ -236,7 +236,7 @@ def worker_main(spec: WorkerSpec, requests, results) -> None:
 
     torch.set_num_threads(spec.threads)
     try:
-        from score_lightning.launch.console import quiet_console
+        from score_lightning.telemetry.console import quiet_console
 
         quiet_console()  # no weight-loading bars from the worker either
         host = WorkerHost(spec)
