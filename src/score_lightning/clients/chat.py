@@ -10,6 +10,15 @@ Two kinds of retry, kept apart on purpose:
   parse, violates the schema, was cut at ``max_tokens``, or is not a chat completion). The model is
   shown its reply and the reason, and asked again, ``max_retries`` times; that fixes most slips.
 
+**Limits.** Every call goes through a :class:`~score_lightning.clients.limiter.Limiter` (the process's
+shared one unless the client is given its own): a slot while it is in flight, a requests-per-minute token per
+HTTP request. ``timeout_s`` is each HTTP request's timeout; ``deadline_s`` (the LLM judge sets it to its
+``judge.timeout_s``) is a call's hard deadline: whatever the server does (hangs, trickles bytes, asks for a
+long ``Retry-After``), :meth:`ChatClient.complete` returns or fails within ``deadline_s`` of its first request
+being sent, and no SDK retry starts after it. The request still open at the deadline keeps its slot until its
+own timeout ends it, so the limiter's count stays what the server sees. Without ``deadline_s`` a call ends
+when the SDK's attempts (each bounded by ``timeout_s``) do.
+
 A request that still fails is reported as a :class:`ChatOutcome` with an error *kind*, never
 raised: the callers (a training run, an evaluation over hundreds of articles) must go on.
 """
@@ -20,11 +29,14 @@ import json
 import logging
 import re
 import threading
-from dataclasses import dataclass
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 import openai
+
+from score_lightning.clients.limiter import Limiter, shared_limiter
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +55,15 @@ class ReplyError(ValueError):
 class ChatOutcome:
     """A request's result: ``value`` on success, else ``error`` (the last failure's kind) and ``detail``.
 
-    ``attempts`` counts HTTP requests, transport retries included.
+    ``attempts`` counts HTTP requests, transport retries included; ``latency_s`` is the time its calls spent
+    from their first request to their reply (or deadline), not the wait for a slot.
     """
 
     value: Any = None
     error: str | None = None
     detail: str = ""
     attempts: int = 0
+    latency_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -62,6 +76,21 @@ class _Failure(Exception):
     def __init__(self, kind: str, detail: str, *, semantic: bool, content: str | None = None) -> None:
         super().__init__(detail)
         self.kind, self.detail, self.semantic, self.content = kind, detail, semantic, content
+
+
+class _Cancelled(BaseException):
+    """Raised in the request hook once a call's deadline has passed: no further SDK retry is sent. A
+    ``BaseException``, so that no version of the SDK takes it for a transport error worth retrying."""
+
+
+class _Call:
+    """One chat call in flight: its deadline, whether its caller gave up, the HTTP requests it sent."""
+
+    def __init__(self) -> None:
+        self.deadline = float("inf")
+        self.cancelled = False
+        self.requests = 0
+        self.admitted = False  # the first request's rate token was taken before the clock started
 
 
 class ChatClient:
@@ -81,9 +110,13 @@ class ChatClient:
         temperature: float = 0.0,
         max_tokens: int | None = 1024,
         extra_body: Mapping[str, Any] | None = None,
+        limiter: Limiter | None = None,
+        deadline_s: float | None = None,
     ) -> None:
         if max_retries < 0 or timeout_s <= 0:
             raise ValueError(f"need max_retries >= 0 and timeout_s > 0, got {max_retries} and {timeout_s}")
+        if deadline_s is not None and deadline_s <= 0:
+            raise ValueError(f"deadline_s must be > 0 (or None: no call deadline), got {deadline_s}")
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
@@ -91,14 +124,20 @@ class ChatClient:
         self.model = model
         self.api_key = api_key or None
         self.timeout_s = float(timeout_s)
+        self.deadline_s = None if deadline_s is None else float(deadline_s)
         self.max_retries = int(max_retries)
         self.temperature = float(temperature)
         self.max_tokens = int(max_tokens) if max_tokens else None
         self.extra_body: dict[str, Any] = _plain(extra_body or {})  # Hydra's DictConfig is not JSON
         self.num_requests = 0  # HTTP requests, transport retries included
         self._lock = threading.Lock()
-        self._local = threading.local()  # per-thread request count of the call in progress
+        self._local = threading.local()  # per caller thread: the requests of its ask(); per call thread: the _Call
         self._client: openai.OpenAI | None = None
+        self._own_limiter = limiter  # None: the process's shared limiter (looked up again after unpickling)
+
+    @property
+    def limiter(self) -> Limiter:
+        return self._own_limiter if self._own_limiter is not None else shared_limiter()
 
     # ------------------------------------------------------------------ SDK client
     @property
@@ -114,14 +153,23 @@ class ChatClient:
             return self._client
 
     def _count_request(self, request: Any) -> None:
-        """httpx event hook: runs once per HTTP request (each SDK retry too), in the calling thread."""
+        """httpx event hook: runs once per HTTP request (each SDK retry too), in the call's thread. It takes the
+        request's rate token and stops the SDK from retrying past the call's deadline."""
+        call: _Call | None = getattr(self._local, "call", None)
+        if call is not None:
+            if call.admitted:
+                call.admitted = False
+            elif call.cancelled or not self.limiter.admit(deadline=call.deadline):
+                raise _Cancelled()
+            if call.cancelled or time.monotonic() >= call.deadline:
+                raise _Cancelled()
+            call.requests += 1
         with self._lock:
             self.num_requests += 1
-        self._local.requests = getattr(self._local, "requests", 0) + 1
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_client=None, _lock=None, _local=None)
+        state.update(_client=None, _lock=None, _local=None)  # a shared limiter is the unpickling process's own
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -142,7 +190,7 @@ class ChatClient:
         if self.extra_body:
             kwargs["extra_body"] = self.extra_body
         try:
-            completion = self.client.chat.completions.create(**kwargs)
+            completion = self._create(kwargs)
         except openai.APITimeoutError:
             raise _Failure("timeout", f"timeout: no reply from {self.url} within {self.timeout_s:g}s",
                            semantic=False) from None
@@ -169,6 +217,50 @@ class ChatClient:
                            content=content)
         return content
 
+    def _create(self, kwargs: dict[str, Any]) -> Any:
+        """``chat.completions.create`` in a thread of its own, holding a limiter slot, within the deadline.
+
+        The clock starts when the slot is held and the first request is admitted (a wait for a slot or a rate
+        token is the process's queue, not the server's latency). At the deadline the caller gets a timeout;
+        the thread ends when the request in flight does (its own timeout bounds it) and sends no retry.
+        """
+        call, started, done, box = _Call(), threading.Event(), threading.Event(), {}
+        client = self.client
+
+        def run() -> None:
+            try:
+                with self.limiter.slot():
+                    self.limiter.admit()
+                    call.admitted = True
+                    if self.deadline_s is not None:
+                        call.deadline = time.monotonic() + self.deadline_s
+                    started.set()
+                    self._local.call = call
+                    try:
+                        box["value"] = client.chat.completions.create(**kwargs)
+                    except _Cancelled:
+                        pass
+                    except BaseException as exc:  # re-raised in the caller's thread
+                        box["error"] = exc
+            finally:
+                started.set()
+                done.set()
+
+        threading.Thread(target=run, name="chat-call", daemon=True).start()
+        started.wait()
+        t0 = time.monotonic()
+        finished = done.wait(timeout=None if self.deadline_s is None else max(call.deadline - t0, 0.0))
+        self._local.latency = getattr(self._local, "latency", 0.0) + (time.monotonic() - t0)
+        if not finished:
+            call.cancelled = True
+        self._local.requests = getattr(self._local, "requests", 0) + call.requests
+        if not finished or "value" not in box and "error" not in box:
+            raise _Failure("timeout", f"timeout: no reply from {self.url} within {self.deadline_s:g}s "
+                                      f"(the call's deadline)", semantic=False)
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
     # ------------------------------------------------------------------ semantic retries
     def ask(self, messages: list[dict[str, str]], parse: Callable[[str], T]) -> ChatOutcome:
         """Send, parse; an unusable reply is re-asked up to ``max_retries`` times with the reason.
@@ -178,7 +270,7 @@ class ChatClient:
         ``http_<status>``, ``bad_response``, ``truncated``, ``unparseable``).
         """
         out = ChatOutcome()
-        self._local.requests = 0
+        self._local.requests, self._local.latency = 0, 0.0
         try:
             for _ in range(self.max_retries + 1):
                 try:
@@ -198,7 +290,7 @@ class ChatClient:
                 log.debug("chat request to %s: %s %s", self.url, out.error, out.detail[:120])
             return out
         finally:
-            out.attempts = self._local.requests
+            out.attempts, out.latency_s = self._local.requests, self._local.latency
 
 
 def _corrected(messages: list[dict[str, str]], reply: str | None, reason: str) -> list[dict[str, str]]:
