@@ -105,6 +105,9 @@ class WorkerHost(GenerationHooks):
 
         cfg = self.cfg = OmegaConf.create(spec.cfg)
         self.spec = spec
+        from score_lightning.step.judge_scoring import configure_limits
+
+        configure_limits(cfg)  # this process's external chat calls (the judge, the rubric writer) share these limits
         self.K = int(cfg.solver.num_rollouts)
         self.score_step = 0
         self.tokenizer = load_tokenizer(spec.tokenizer_path, chat_template=cfg.model.get("chat_template"))
