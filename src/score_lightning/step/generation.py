@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from score_lightning import distributed as D
 from score_lightning.rubrics.base import RubricContext
+from score_lightning.step.citation_reward import CitationJudgeSettings, add_citation_reward
 from score_lightning.step.dynamic_sampling import extra_batch, informative_groups, merge_draws, pick_groups
 from score_lightning.step.judge_scoring import external_evaluations, judge_from_cfg
 from score_lightning.step.reward_assembly import (
@@ -67,7 +68,15 @@ class GenerationHooks:
         return StepRollouts(list(queries), rubrics, evidence, errors, solver, query_ids=ids)
 
     def score(self, ro: StepRollouts) -> StepRewards:
-        """Stages 2-3: the evaluator scores the K reports of each query; rewards with gates and verifier."""
+        """Stages 2-3: the evaluator (or the external judge) scores the K reports of each query; rewards with gates
+        and verifier; then, with ``reward.citation_judge.enabled``, DR Tulu's citation term through the judge."""
+        rw = self._score(ro)
+        citation = CitationJudgeSettings.from_cfg(self.cfg)
+        if citation.enabled:
+            rw = add_citation_reward(self.judge, self.tokenizer, ro.queries, ro.solver, rw, self.K, citation)
+        return rw
+
+    def _score(self, ro: StepRollouts) -> StepRewards:
         answers = parse_answers(ro.solver, self.tokenizer, self.reward_settings)
         if self.reward_settings.source == "rule":  # the known-good reward: no evaluator, no scoring rollouts
             ro.scoring = []

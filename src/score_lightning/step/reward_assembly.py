@@ -104,6 +104,8 @@ class StepRewards:
     judged: list[bool] = field(default_factory=list)  # per report: a complete evaluation scored it
     on_incomplete: str = "validity"  # what an unjudged report costs (module docstring)
     judge: object = None  # JudgeTally of the step's external judgements (clients/judge.py), else None
+    dropped: list[bool] = field(default_factory=list)  # per report: a failed citation judgement leaves it out
+    citation: dict | None = None  # reward.citation_judge: sums of precision, recall, F1 and the reports judged
 
     @property
     def incomplete_groups(self) -> Tensor:
@@ -120,10 +122,14 @@ class StepRewards:
 
     @property
     def excluded(self) -> Tensor:
-        """[N] bool (``on_incomplete=drop``): unjudged reports, which leave the solver update."""
-        if not self.judged or self.on_incomplete != "drop":
-            return torch.zeros(len(self.answers), dtype=torch.bool)
-        return ~torch.tensor(self.judged, dtype=torch.bool)
+        """[N] bool: reports that leave the solver update: unjudged ones under ``on_incomplete=drop`` (an
+        external judge's failures among them), and those whose citation judgement failed."""
+        out = torch.zeros(len(self.answers), dtype=torch.bool)
+        if self.judged and self.on_incomplete == "drop":
+            out = ~torch.tensor(self.judged, dtype=torch.bool)
+        if self.dropped:
+            out = out | torch.tensor(self.dropped, dtype=torch.bool)
+        return out
 
 
 def rubric_part(scores: Tensor, rubric: Rubric) -> Tensor:
