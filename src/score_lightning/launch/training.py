@@ -150,20 +150,30 @@ def build_trainer(cfg: DictConfig, callbacks: list):
 
 
 def probe_retriever(cfg: DictConfig) -> None:
-    """Fail in seconds, before any long work, when an HTTP retriever is unreachable."""
-    if cfg.retriever.kind != "http" or not bool(cfg.retriever.get("probe_at_start", True)):
+    """Fail in seconds, before any long work, when a remote retriever (HTTP or MCP) is unreachable."""
+    kind = cfg.retriever.kind
+    if kind not in ("http", "mcp") or not bool(cfg.retriever.get("probe_at_start", True)):
         return
     from score_lightning.retrieval.base import RetrievalError
     from score_lightning.retrieval.from_config import retriever_from_config
 
+    retriever = None
     try:
-        retriever_from_config(cfg.retriever, cfg.paths.cache_dir).search(["probe"], 1)
+        retriever = retriever_from_config(cfg.retriever, cfg.paths.cache_dir)
+        retriever.search(["probe"], 1)
     except RetrievalError as exc:
+        where = cfg.retriever.url or " ".join(map(str, cfg.retriever.get("command") or []))
+        start = (f"python scripts/serve_retriever.py --port {_port(cfg.retriever.url)}" if kind == "http" else
+                 f"python scripts/serve_mcp_search.py --port {_port(cfg.retriever.url)}" if cfg.retriever.url else
+                 "check that the command starts an MCP server on stdio")
         raise RetrieverUnavailable(
-            f"the retriever at {cfg.retriever.url} is unreachable ({exc}).\n"
-            f"  Start it:  python scripts/serve_retriever.py --port {_port(cfg.retriever.url)}\n"
+            f"the retriever at {where} is unreachable ({exc}).\n"
+            f"  Start it:  {start}\n"
             "  or train on the in-process index:  retriever=bm25"
         ) from None
+    finally:
+        if retriever is not None and hasattr(retriever, "close"):
+            retriever.close()
 
 
 def probe_model(cfg: DictConfig) -> None:
