@@ -157,3 +157,21 @@ def test_a_step_whose_judgements_all_fail_stops_the_run_and_the_last_checkpoint_
         healthy[0] = True  # the judge is back: resume from that checkpoint and finish
         steps = _train(cfg("trainer.max_steps=2", f"ckpt_path={last}"), Solver())
     assert len(steps) == 1 and steps[0]["metrics"]["judge/failed_rate"] == 0.0
+
+
+def test_under_async_rollouts_the_worker_judges_and_its_tally_reaches_the_trainer(tmp_path, tiny_ckpt, corpus_file):
+    """rollout.mode=async: the worker process scores through the judge (its own limiter of the same size); the
+    step's tally travels with the batch and is logged by the trainer."""
+    from score_lightning.launch.training import run
+
+    def judge(request: dict):
+        prompt = request["messages"][1]["content"]
+        return Reply(content=evaluation(prompt, 6), delay_s=0.02)
+
+    with OpenAIStub(content=judge) as stub:
+        cfg = _cfg(tmp_path, stub, "trainer.max_steps=2", "rollout=scripted", "rollout.mode=async")
+        metrics = run(cfg)
+        sent = len(stub.chat_requests)
+    assert metrics["judge/failed_rate"] == 0.0 and metrics["judge/requests"] > 0
+    assert 1.0 <= metrics["judge/in_flight_max"] <= 2.0
+    assert sent >= 2 * metrics["judge/requests"]  # steps 0 and 1 (and the batch generated ahead for step 2)
