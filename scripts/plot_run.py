@@ -3,7 +3,7 @@
 Usage: python scripts/plot_run.py RUN_DIR [--out docs/tiny_score_run.png] [--title TEXT]
 RUN_DIR is a run's ``paths.output_dir`` (e.g. ``logs/tiny_score/<time>``); the scalars come from its
 TensorBoard event files, read with tensorboard's ``EventAccumulator``. The charts are the ones the
-trainer registers as the "SCORE" page (``score_lightning.launch.loggers.SCORE_LAYOUT``), so the picture and
+trainer registers as the "SCORE" page (``score_lightning.telemetry.loggers.SCORE_LAYOUT``), so the picture and
 the page show the same tags. Needs matplotlib (``pip install -e ".[plot]"``).
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from score_lightning.launch.loggers import SCORE_LAYOUT
+from score_lightning.telemetry.loggers import SCORE_LAYOUT
 
 
 def read_scalars(run: Path) -> dict[str, list[tuple[int, float]]]:

@@ -11,6 +11,8 @@ Usage::
         stub.script(Reply(status=500), Reply(content="ok"))   # next two replies, then the default
         stub.requests[0].json["model"], stub.requests[0].headers["Authorization"]
 
+``stub.in_flight_max`` is the most chat requests the server held at once (received, not yet answered).
+
 or with the ``openai_stub`` pytest fixture (``from openai_stub import openai_stub`` in a test module).
 
 Each reply is taken from the scripted queue first, else from the defaults (``content``,
@@ -23,6 +25,8 @@ requests it picks, whatever order concurrent requests arrive in.
 from __future__ import annotations
 
 import json
+import select
+import socket
 import threading
 import time
 from collections import deque
@@ -44,6 +48,7 @@ class Reply:
     delay_s: float = 0.0
     body: bytes | str | None = None
     finish_reason: str = "stop"
+    headers: dict[str, str] = field(default_factory=dict)  # extra response headers, e.g. {"Retry-After": "0.2"}
 
 
 @dataclass
@@ -75,6 +80,8 @@ class OpenAIStub:
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._counter = 0
+        self.in_flight = 0
+        self.in_flight_max = 0
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "OpenAIStub":
@@ -100,23 +107,51 @@ class OpenAIStub:
                 if not self.path.rstrip("/").endswith("/chat/completions"):
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
                     return
+                with stub._lock:
+                    stub.in_flight += 1
+                    stub.in_flight_max = max(stub.in_flight_max, stub.in_flight)
+                try:
+                    self._answer(request)
+                finally:
+                    with stub._lock:
+                        stub.in_flight -= 1
+
+            def _answer(self, request: RecordedRequest) -> None:
                 reply, text = stub._resolve(stub._next_reply(), request.json)
-                if reply.delay_s > 0 and stub._stop.wait(reply.delay_s):
-                    return  # stub stopped while delaying
+                if reply.delay_s > 0 and not self._wait(reply.delay_s):
+                    return  # stub stopped, or the client hung up, while delaying
                 if reply.body is not None:
                     body = reply.body.encode() if isinstance(reply.body, str) else reply.body
-                    self._send_bytes(reply.status, body)
+                    self._send_bytes(reply.status, body, reply.headers)
                 elif reply.status >= 400:
-                    self._send(reply.status, {"error": {"message": f"stub error {reply.status}", "type": "stub"}})
+                    self._send(reply.status, {"error": {"message": f"stub error {reply.status}", "type": "stub"}},
+                               reply.headers)
                 else:
-                    self._send(reply.status, stub._completion(request.json, text, reply.finish_reason))
+                    self._send(reply.status, stub._completion(request.json, text, reply.finish_reason), reply.headers)
 
-            def _send(self, status: int, payload: Any) -> None:
-                self._send_bytes(status, json.dumps(payload).encode())
+            def _wait(self, seconds: float) -> bool:
+                """Sleep ``seconds``; False as soon as the stub stops or the client closes the connection
+                (a client that timed out is no longer waiting: its request is no longer in flight)."""
+                end = time.monotonic() + seconds
+                while (left := end - time.monotonic()) > 0:
+                    if stub._stop.wait(min(left, 0.02)):
+                        return False
+                    try:
+                        ready, _, _ = select.select([self.connection], [], [], 0)
+                        if ready and not self.connection.recv(1, socket.MSG_PEEK):
+                            return False
+                    except OSError:
+                        return False
+                return True
 
-            def _send_bytes(self, status: int, body: bytes) -> None:
+            def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+                self._send_bytes(status, json.dumps(payload).encode(), headers)
+
+            def _send_bytes(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
                 try:
                     self.send_response(status)
+                    for name, value in (headers or {}).items():
+                        self.send_header(name, value)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()

@@ -66,7 +66,7 @@ def test_the_manual_optimisation_checkpoint_warning_is_filtered_by_its_message(t
 
     import lightning.pytorch.callbacks.model_checkpoint as mc
 
-    from score_lightning.launch.console import MANUAL_CHECKPOINT_WARNING
+    from score_lightning.telemetry.console import MANUAL_CHECKPOINT_WARNING
 
     import ast
 
@@ -189,7 +189,7 @@ def test_the_scheduler_before_optimiser_warning_is_filtered_and_still_matches_to
 
     import torch.optim.lr_scheduler as lrs
 
-    from score_lightning.launch.console import SCHEDULER_FIRST_WARNING, quiet_console
+    from score_lightning.telemetry.console import SCHEDULER_FIRST_WARNING, quiet_console
 
     literals = [n.value for n in ast.walk(ast.parse(inspect.getsource(lrs)))
                 if isinstance(n, ast.Constant) and isinstance(n.value, str)]

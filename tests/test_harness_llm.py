@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from openai_stub import OpenAIStub, Reply, openai_stub  # noqa: F401  (fixture)
-from score_lightning.harness.chat import PLACEHOLDER_API_KEY
+from score_lightning.clients.chat import PLACEHOLDER_API_KEY
 from score_lightning.harness.llm import LLMHarness, extract_json_object
 from score_lightning.harness.state import DEFAULT_DIMENSION_POOL, HarnessState
 

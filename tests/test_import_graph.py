@@ -93,3 +93,38 @@ def test_the_package_root_holds_at_most_14_modules():
     assert len(root) <= 14, root
     layers = {p.name for p in (SRC / "score_lightning").iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
     assert {"launch", "policy", "step", "rollout", "roles", "rewards"} <= layers
+
+
+def _layer(name: str) -> str:
+    """``score_lightning.step.losses`` -> ``step``; a root module is its own name."""
+    return name.split(".")[1] if name.count(".") >= 1 else name
+
+
+def test_nothing_below_launch_imports_it():
+    """``launch/`` composes a run: it may import every layer, and no layer imports it back (not even lazily),
+    so the step, the callbacks, the rollout worker and the cold start can be built and tested without it."""
+    modules = _modules()
+    offenders = {}
+    for name, path in modules.items():
+        if name.startswith("score_lightning.launch"):
+            continue
+        up = sorted(m for m in _imports(path, modules) if m == "score_lightning.launch" or m.startswith("score_lightning.launch."))
+        if up:
+            offenders[name] = up
+    assert offenders == {}
+
+
+def test_clients_and_telemetry_import_only_the_root():
+    """The clients of external services and the logging helpers sit below ``step/`` and every layer that calls
+    them: they import nothing from the package but themselves and the shared root modules (``errors`` ...)."""
+    modules = _modules()
+    root = {m for m, p in modules.items() if m.count(".") == 1 and p.name != "__init__.py" and m != "score_lightning.module"}
+    offenders = {}
+    for name, path in modules.items():
+        if _layer(name) not in ("clients", "telemetry"):
+            continue
+        bad = sorted(m for m in _imports(path, modules) if m not in root and _layer(m) != _layer(name)
+                     and m != "score_lightning")
+        if bad:
+            offenders[name] = bad
+    assert offenders == {}

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from score_lightning.launch import preflight
+from score_lightning.policy import preflight
 from score_lightning.errors import ConfigError, ModelUnavailable
-from score_lightning.launch.preflight import check_model_source, missing_package, require_package
+from score_lightning.policy.preflight import check_model_source, missing_package, require_package
 
 REPO = "SomeOrg/Some-Model-0.5B"
 

@@ -26,3 +26,8 @@ class TrainingHalted(RuntimeError):
 class ColdStartUnavailable(RuntimeError):
     """The packaged cold start cannot be installed for a reason training it would meet too (a full disk, a
     cache directory it may not write, an unreadable base checkpoint): refused instead of retraining (exit 2)."""
+
+
+class JudgeUnavailable(TrainingHalted):
+    """Too many of a step's judgements failed at the external judge (``judge.max_failed_rate``): the step was not
+    trained, and the last checkpoint is the one to resume from (exit 3)."""

@@ -35,6 +35,7 @@ from score_lightning.step.faults import FaultMonitor
 from score_lightning.step.record import record_ranking, record_rewards, record_rollouts, record_solver_update
 from score_lightning.step.report import global_values, report_distributions, report_texts, throughput
 from score_lightning.step.generation import GenerationHooks, stamp_policy_version
+from score_lightning.step.judge_scoring import check_judgements, configure_limits, uses_judge
 from score_lightning.step.prefetch import RolloutPrefetcher, record_async
 from score_lightning.step.reward_assembly import RewardSettings, StepRewards
 from score_lightning.step.rollouts import RolloutSettings, scoring_rollouts
@@ -63,6 +64,7 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Li
         self.save_hyperparameters({"cfg": OmegaConf.to_container(cfg, resolve=True), "model_path": model_path,
                                    "tokenizer_path": tokenizer_path or model_path})
         self.cfg, self.model_path = cfg, model_path
+        configure_limits(cfg)  # judge.max_concurrency / requests_per_minute: every external chat call of this process
         from score_lightning.policy.models import load_tokenizer
 
         self.tokenizer = load_tokenizer(tokenizer_path or model_path, chat_template=cfg.model.get("chat_template"))
@@ -121,6 +123,8 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Li
             self.last_weight_sync_s = self.prefetch.weight_sync_s
             t1 = time.perf_counter()
         self.step_rollouts = ro
+        judged = check_judgements(rw.judge, float(c.judge.max_failed_rate), c.callbacks.model_checkpoint.dirpath) \
+            if uses_judge(c) else {}  # too many failed judgements stop the run here, before any update
         st = self.step_stage.judge(self.evaluator_engine, self.tokenizer, ro, rw, sc)  # no-op for reward.step=none
         t2 = time.perf_counter()
         record_rewards(sc, ro, rw, self.K, self.reward_settings.verifier_enabled, self.reward_settings.zero)
@@ -128,7 +132,7 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Li
         record_ranking(sc, ro, rw, self.K, self.reward_settings.rule_quality, self.reward_settings.items_path)
         sc.mean("solver/zero_variance_group_rate", drawn[0], drawn[1])
         sc.max("solver/sampling_draws", drawn[2])
-        metrics: dict[str, float] = dict(ro.rubrics.stats)
+        metrics: dict[str, float] = dict(ro.rubrics.stats) | judged
         metrics.update(self.rubric_source.observe(self.rubric_context(), ro.queries, ro.query_ids, rw.item_scores,
                                                   self._reports(rw), rw.rewards.view(-1, self.K).tolist()))
         upd = None

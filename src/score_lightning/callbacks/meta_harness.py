@@ -23,7 +23,7 @@ import lightning as L
 
 from score_lightning.harness.base import MetaHarness
 from score_lightning.harness.state import HarnessState
-from score_lightning.launch.loggers import log_texts
+from score_lightning.telemetry.loggers import log_texts
 
 _REQUIRED = ("score_step", "harness_state", "harness_stats")
 

@@ -91,7 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--out-dir", default=None, help="default: <articles without .jsonl>.judge/")
     j.add_argument("--max-retries", type=int, default=2, help="retries per request before it is recorded as missing")
     j.add_argument("--timeout-s", type=float, default=60.0)
-    j.add_argument("--concurrency", type=int, default=4, help="parallel judge requests")
+    j.add_argument("--concurrency", type=int, default=4, help="judge requests in flight at once (the process-wide "
+                   "limiter's max_concurrency, as judge.max_concurrency in training)")
+    j.add_argument("--requests-per-minute", type=int, default=0, help="HTTP requests per minute, retries included "
+                   "(0: unlimited; as judge.requests_per_minute)")
     j.add_argument("--limit", type=int, default=None, help="only the first N articles")
     j.add_argument("--no-quality", action="store_true", help="skip the writing-quality judge")
     j.add_argument("--no-citations", action="store_true", help="skip the citation check")
@@ -139,7 +142,7 @@ def _run_budgets(model: str) -> dict[str, int]:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from score_lightning.launch.preflight import check_model_source
+    from score_lightning.policy.preflight import check_model_source
 
     check_model_source(args.model, "--model")  # before anything loads: one error block, as training's
     from score_lightning.evaluation.generate import GenerateConfig, generate_articles
@@ -187,6 +190,9 @@ def _judge(args: argparse.Namespace) -> int:
     sources = Path(args.sources) if args.sources else articles.with_name(articles.name + ".sources.jsonl")
     out_dir = Path(args.out_dir) if args.out_dir else articles.with_name(
         (articles.name[:-6] if articles.name.endswith(".jsonl") else articles.name) + ".judge")
+    from score_lightning.clients.limiter import configure_limiter
+
+    configure_limiter(args.concurrency, args.requests_per_minute)  # every request below shares these limits
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     if not api_key:
         logging.getLogger(__name__).warning("$%s is not set: sending a placeholder API key (local servers ignore it)",

@@ -14,7 +14,7 @@ the rules is this project's, not a copy of DRB-II's prompt.
 Parsing is tolerant of form (code fences, prose or ``<think>`` around the JSON, a bare list, score
 ``"1"``/``1.0``, an item echoed with other whitespace, case, quote marks or final punctuation) but not
 of content: a reply must score every item of its batch with 1, 0 or -1, or it is a
-:class:`~score_lightning.harness.chat.ReplyError` and the judge is asked again.
+:class:`~score_lightning.clients.chat.ReplyError` and the judge is asked again.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import unicodedata
 from typing import Any
 
 from score_lightning.evaluation.drb2_tasks import Drb2Task
-from score_lightning.harness.chat import ReplyError
+from score_lightning.clients.chat import ReplyError
 
 SCORES: tuple[int, ...] = (1, 0, -1)
 

@@ -21,7 +21,7 @@ too. When an article has no entry in the sources file its citations cannot be ch
 counted as missing (``no_sources_entry``).
 
 **Failures.** Requests go through the official ``openai`` SDK
-(:class:`~score_lightning.harness.chat.ChatClient`): it retries a timeout, a connection error and
+(:class:`~score_lightning.clients.chat.ChatClient`): it retries a timeout, a connection error and
 HTTP 408/409/429/5xx ``max_retries`` times with its own backoff; other 4xx statuses are not
 retried. A reply that does not parse into the expected JSON, is cut at ``max_tokens`` or is not a
 chat completion is asked again (with the reason) up to ``max_retries`` times. A request that still
@@ -34,15 +34,14 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
-from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from score_lightning.harness.chat import ChatClient, ChatOutcome, ReplyError, extract_json_object
-from score_lightning.rewards.citations import cited_ids, strip_citations, ungrounded_ids
+from score_lightning.clients.chat import ChatClient, ChatOutcome, ReplyError, extract_json_object
+from score_lightning.rewards.citation_claims import cited_statements, split_statements  # noqa: F401 (re-exported)
+from score_lightning.rewards.citations import strip_citations, ungrounded_ids
 
 log = logging.getLogger(__name__)
 
@@ -158,39 +157,6 @@ class JudgeClient(ChatClient):
             raise ValueError(f"--judge-base-url must start with http:// or https://, got {base_url!r}")
         super().__init__(base_url, model, api_key, timeout_s=timeout_s, max_retries=max_retries,
                          temperature=temperature, max_tokens=max_tokens)
-
-
-# ---------------------------------------------------------------------------------------- statements
-_SENTENCE_RE = re.compile(r"(?<=[.!?])\s+")
-
-
-def split_statements(article: str, known_ids: Collection[str] | None = None) -> list[str]:
-    """Sentences of the article (split at line breaks and sentence ends); a piece made only of
-    citation markers (``Claim. [a] [b]``) is joined to the sentence before it. ``known_ids``: the
-    sources' retrieved ids, which resolve a bracket attached to a word (``rewards/citations.py``)."""
-    pieces: list[str] = []
-    for block in re.split(r"\n+", article or ""):
-        for sent in _SENTENCE_RE.split(block.strip()):
-            sent = sent.strip()
-            if not sent:
-                continue
-            if pieces and cited_ids(sent, known_ids) and not strip_citations(sent, known_ids).strip(" .,;:!?-*"):
-                pieces[-1] = f"{pieces[-1]} {sent}"
-            else:
-                pieces.append(sent)
-    return pieces
-
-
-def cited_statements(article: str, known_ids: Collection[str] | None = None) -> list[tuple[str, str]]:
-    """Distinct ``(statement, doc_id)`` pairs, in order of appearance."""
-    pairs: list[tuple[str, str]] = []
-    seen: set[tuple[str, str]] = set()
-    for sent in split_statements(article, known_ids):
-        for doc_id in cited_ids(sent, known_ids):
-            if (sent, doc_id) not in seen:
-                seen.add((sent, doc_id))
-                pairs.append((sent, doc_id))
-    return pairs
 
 
 # ---------------------------------------------------------------------------------------- files

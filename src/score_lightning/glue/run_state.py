@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from score_lightning import distributed as D
 from score_lightning.harness.state import HarnessState
-from score_lightning.launch.loggers import add_score_layout
+from score_lightning.telemetry.loggers import add_score_layout
 from score_lightning.rng import rng_state, seed_rank, set_rng_state
 
 

@@ -9,7 +9,7 @@ The trainer must never stall or crash because this backend is slow, down or crea
 failure (timeout, connection error, HTTP error, unparsable, truncated or schema-violating reply)
 keeps the previous state unchanged, counts ``failures``, records ``last_error`` and logs a warning.
 Retries: the ``openai`` SDK retries transport failures (connection, timeout, 408/409/429/5xx);
-an invalid reply is re-asked with the reason (:class:`~score_lightning.harness.chat.ChatClient`),
+an invalid reply is re-asked with the reason (:class:`~score_lightning.clients.chat.ChatClient`),
 both up to ``max_retries`` times. Other 4xx errors (bad key, unknown model) are not retried.
 """
 
@@ -22,7 +22,7 @@ import re
 from typing import Any, Mapping
 
 from score_lightning.harness.base import clean_stats
-from score_lightning.harness.chat import ChatClient, extract_json_object
+from score_lightning.clients.chat import ChatClient, extract_json_object
 from score_lightning.harness.state import HarnessState, HarnessStateError
 
 __all__ = ["LLMHarness", "extract_json_object", "parse_reply", "system_prompt", "validate_pool"]

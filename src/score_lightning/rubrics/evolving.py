@@ -66,7 +66,7 @@ class EvolvingRubrics:
         if self.writer == "external":
             import os
 
-            from score_lightning.harness.chat import ChatClient
+            from score_lightning.clients.chat import ChatClient
 
             ext = dict(self.external or {})
             key_env = ext.pop("api_key_env", "OPENAI_API_KEY")

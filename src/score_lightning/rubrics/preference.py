@@ -50,7 +50,7 @@ class PreferenceReward:
         self.pairs = load_preferences(self.path)
         self._client = None
         if self.appraisal_weight > 0:
-            from score_lightning.harness.chat import ChatClient
+            from score_lightning.clients.chat import ChatClient
 
             ext = dict(self.appraisal or {})
             key_env = ext.pop("api_key_env", "OPENAI_API_KEY")

@@ -59,14 +59,14 @@ def _file_lock(path: Path):
 
 def _sft_loggers(cfg: DictConfig) -> list:
     """The run's configured loggers, in an ``sft`` sub-run (``tensorboard/sft``, ``csv/sft``, ...)."""
-    from score_lightning.launch.loggers import build_loggers
+    from score_lightning.telemetry.loggers import build_loggers
 
     return build_loggers(cfg, version="sft")
 
 
 def _log_summary(loggers: list, metrics: dict, texts: dict[str, str], output_dir: str, step: int = 0) -> None:
     """Run summary (final loss, timings, probe rates, cache hit) as ``sft/summary/*`` scalars at ``step``."""
-    from score_lightning.launch.loggers import log_texts
+    from score_lightning.telemetry.loggers import log_texts
 
     summary = {f"sft/summary/{k[len('sft/'):] if k.startswith('sft/') else k}": float(v) for k, v in metrics.items()
                if isinstance(v, (int, float)) and math.isfinite(float(v))}

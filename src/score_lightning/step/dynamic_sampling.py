@@ -108,5 +108,25 @@ def merge_draws(draws: Sequence[tuple[StepRollouts, StepRewards]], picks: Sequen
         rewards=cat(lambda ro_, rw_, d, g: rw_.rewards[rows(d, g)]),
         reports_valid=[v for d, g in picks for v in draws[d][1].reports_valid[rows(d, g)]],
         complete=[draws[d][1].complete[g] for d, g in picks],
-        judged=[j for d, g in picks for j in draws[d][1].judged[rows(d, g)]])
+        judged=[j for d, g in picks for j in draws[d][1].judged[rows(d, g)]],
+        judge=_tallies([rw_.judge for _, rw_ in draws]),  # every draw's judgements count, the trained ones or not
+        dropped=[v for d, g in picks for v in (draws[d][1].dropped or [False] * len(draws[d][1].answers))[rows(d, g)]],
+        citation=_sums([rw_.citation for _, rw_ in draws]))
     return ro, rw
+
+
+def _sums(stats):
+    """The citation judge's sums over all draws (None without it)."""
+    present = [s for s in stats if s is not None]
+    return {k: sum(s[k] for s in present) for k in present[0]} if present else None
+
+
+def _tallies(tallies):
+    """The external judge's tallies of all draws, merged (None without an external judge)."""
+    present = [t for t in tallies if t is not None]
+    if not present:
+        return None
+    out = present[0]
+    for t in present[1:]:
+        out = out.merge(t)
+    return out

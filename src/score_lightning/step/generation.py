@@ -13,8 +13,12 @@ from __future__ import annotations
 
 from score_lightning import distributed as D
 from score_lightning.rubrics.base import RubricContext
+from score_lightning.step.citation_reward import CitationJudgeSettings, add_citation_reward
 from score_lightning.step.dynamic_sampling import extra_batch, informative_groups, merge_draws, pick_groups
-from score_lightning.step.reward_assembly import StepRewards, assemble_rewards, parse_answers
+from score_lightning.step.judge_scoring import external_evaluations, judge_from_cfg
+from score_lightning.step.reward_assembly import (
+    StepRewards, assemble_rewards, effective_tau, parse_answers, rewards_from_evaluations,
+)
 from score_lightning.step.rollouts import initial_evidence, scoring_rollouts, solver_rollouts
 from score_lightning.step.rule_rewards import rule_step_rewards
 from score_lightning.step.types import StepRollouts, StepRubric
@@ -64,7 +68,15 @@ class GenerationHooks:
         return StepRollouts(list(queries), rubrics, evidence, errors, solver, query_ids=ids)
 
     def score(self, ro: StepRollouts) -> StepRewards:
-        """Stages 2-3: the evaluator scores the K reports of each query; rewards with gates and verifier."""
+        """Stages 2-3: the evaluator (or the external judge) scores the K reports of each query; rewards with gates
+        and verifier; then, with ``reward.citation_judge.enabled``, DR Tulu's citation term through the judge."""
+        rw = self._score(ro)
+        citation = CitationJudgeSettings.from_cfg(self.cfg)
+        if citation.enabled:
+            rw = add_citation_reward(self.judge, self.tokenizer, ro.queries, ro.solver, rw, self.K, citation)
+        return rw
+
+    def _score(self, ro: StepRollouts) -> StepRewards:
         answers = parse_answers(ro.solver, self.tokenizer, self.reward_settings)
         if self.reward_settings.source == "rule":  # the known-good reward: no evaluator, no scoring rollouts
             ro.scoring = []
@@ -74,11 +86,27 @@ class GenerationHooks:
         reports = [[a.answer if a.answer else None for a in answers[i:i + self.K]] for i in range(0, len(answers), self.K)]
         sources = [[t.retrieved_ids for t in ro.solver[i:i + self.K]] for i in range(0, len(ro.solver), self.K)]
         self._release_caches()  # a stage boundary (see _release_caches)
+        if self.reward_settings.evaluator_source == "external":  # an LLM judge scores; failures leave the update
+            ro.scoring = []
+            groups, tally = external_evaluations(self.judge, self.tokenizer, ro.queries, reports, ro.rubrics.per_query,
+                                                 self.harness_state, self.rollout_settings, sources)
+            tau = effective_tau(self.reward_settings.min_search_depth, self.harness_state,
+                                self.reward_settings.tau_from_harness)
+            rw = rewards_from_evaluations(answers, groups, ro.rubrics.per_query, self.K, tau, self.reward_settings)
+            rw.judge = tally
+            return rw
         ro.scoring = scoring_rollouts(self.evaluator_engine, self.tokenizer, self.retriever, ro.queries, reports,
                                       ro.rubrics.per_query, self.harness_state, self.rollout_settings, sources)
         self._release_caches()
         return assemble_rewards(answers, ro.scoring, ro.rubrics.per_query, self.harness_state, self.K,
                                 self.reward_settings, self.tokenizer)
+
+    @property
+    def judge(self):
+        """The run's external judge (``judge`` group), built on first use in the process that scores."""
+        if getattr(self, "_judge", None) is None:
+            self._judge = judge_from_cfg(self.cfg)
+        return self._judge
 
     def draw_until_informative(self, ro: StepRollouts, rw: StepRewards) -> tuple[StepRollouts, StepRewards, tuple]:
         """Dynamic sampling (step/dynamic_sampling.py): more draws until B groups carry a signal, at most

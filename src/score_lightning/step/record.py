@@ -50,6 +50,9 @@ def record_rewards(sc: StepScalars, ro: StepRollouts, rw: StepRewards, num_rollo
     sc.mean("evaluator/report_scores_valid_rate", float(sum(rw.reports_valid)), len(rw.reports_valid))
     sc.mean("evaluator/verification_depth_mean", float(sum(len(t.search_queries) for t in ro.scoring)), len(ro.scoring))
     record_discrimination(sc, rw)
+    if rw.citation is not None:  # reward.citation_judge (the same on every rank): means over the reports it judged
+        for key in ("f1", "precision", "recall"):
+            sc.mean(f"solver/citation_judge_{key}", rw.citation[key], rw.citation["n"])
 
 
 def record_discrimination(sc: StepScalars, rw: StepRewards) -> None:

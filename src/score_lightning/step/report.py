@@ -7,7 +7,7 @@ import math
 import torch
 
 from score_lightning import distributed as D
-from score_lightning.launch.loggers import log_histograms, log_texts
+from score_lightning.telemetry.loggers import log_histograms, log_texts
 from score_lightning.step.reward_assembly import StepRewards
 from score_lightning.step.solver_update import SolverUpdateResult
 from score_lightning.step.types import StepRollouts

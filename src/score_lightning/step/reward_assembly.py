@@ -69,17 +69,20 @@ class RewardSettings:
     rule_quality: str = "retrieved_cited"  # reward.rule_quality: q(r) of the rule reward
     score_readout: str = "sampled"  # evaluator.score_readout: sampled | expected (how the scores are read)
     items_path: str | None = None  # reward.items_path: evidence items for rule_quality=item_recall (None: embedded)
+    evaluator_source: str = "policy"  # evaluator.source: policy (the evaluator role scores) | external (an LLM judge)
 
     @classmethod
     def from_cfg(cls, cfg) -> "RewardSettings":
+        source = str(cfg.evaluator.get("source", "policy"))
+        # an external judge's failed judgement is never a score: its report leaves the update (step/judge_scoring.py)
+        on_incomplete = "drop" if source == "external" else str(cfg.evaluator.get("on_incomplete", "validity"))
         return cls(bool(cfg.reward.require_citation), int(cfg.reward.min_answer_chars), bool(cfg.verifier.enabled),
                    int(cfg.verifier.min_search_depth), str(cfg.verifier.get("zero", "reward")),
                    str(cfg.reward.get("citations", "any")), str(cfg.evaluator.get("scoring", "joint")),
-                   bool(cfg.verifier.get("tau_from_harness", False)),
-                   str(cfg.evaluator.get("on_incomplete", "validity")), str(cfg.reward.get("source", "evaluator")),
-                   str(cfg.reward.get("rule_quality", "retrieved_cited")),
+                   bool(cfg.verifier.get("tau_from_harness", False)), on_incomplete,
+                   str(cfg.reward.get("source", "evaluator")), str(cfg.reward.get("rule_quality", "retrieved_cited")),
                    str(cfg.evaluator.get("score_readout", "sampled")),
-                   None if cfg.reward.get("items_path") is None else str(cfg.reward.items_path))
+                   None if cfg.reward.get("items_path") is None else str(cfg.reward.items_path), source)
 
 
 @dataclass
@@ -100,6 +103,9 @@ class StepRewards:
     complete: list[bool] = field(default_factory=list)  # per query: every evaluation reached every report
     judged: list[bool] = field(default_factory=list)  # per report: a complete evaluation scored it
     on_incomplete: str = "validity"  # what an unjudged report costs (module docstring)
+    judge: object = None  # JudgeTally of the step's external judgements (clients/judge.py), else None
+    dropped: list[bool] = field(default_factory=list)  # per report: a failed citation judgement leaves it out
+    citation: dict | None = None  # reward.citation_judge: sums of precision, recall, F1 and the reports judged
 
     @property
     def incomplete_groups(self) -> Tensor:
@@ -116,10 +122,14 @@ class StepRewards:
 
     @property
     def excluded(self) -> Tensor:
-        """[N] bool (``on_incomplete=drop``): unjudged reports, which leave the solver update."""
-        if not self.judged or self.on_incomplete != "drop":
-            return torch.zeros(len(self.answers), dtype=torch.bool)
-        return ~torch.tensor(self.judged, dtype=torch.bool)
+        """[N] bool: reports that leave the solver update: unjudged ones under ``on_incomplete=drop`` (an
+        external judge's failures among them), and those whose citation judgement failed."""
+        out = torch.zeros(len(self.answers), dtype=torch.bool)
+        if self.judged and self.on_incomplete == "drop":
+            out = ~torch.tensor(self.judged, dtype=torch.bool)
+        if self.dropped:
+            out = out | torch.tensor(self.dropped, dtype=torch.bool)
+        return out
 
 
 def rubric_part(scores: Tensor, rubric: Rubric) -> Tensor:

@@ -123,7 +123,7 @@ def check_lora(c: Checks) -> None:
     names = lambda v: isinstance(v, ListConfig) and len(v) > 0 and all(isinstance(x, str) and x for x in v)  # noqa: E731
     c("model.lora.target_modules", lambda v: v == "all-linear" or names(v),
       "'all-linear' or a non-empty list of module names, e.g. [q_proj, v_proj]")
-    from score_lightning.launch.preflight import missing_package
+    from score_lightning.policy.preflight import missing_package
 
     line = missing_package("peft", "model.lora.enabled=true", "pip install -e '.[lora]'")
     if line:

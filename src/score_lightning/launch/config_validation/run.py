@@ -26,8 +26,10 @@ def check_run(c: Checks) -> None:
     if c.get("strategy.name") == "fsdp":
         c("strategy.mixed_precision", one_of(None, "bf16", "bfloat16"), "null or 'bf16'")
     c("rollout.engine", one_of("hf", "vllm", "scripted"), "'hf', 'vllm' or 'scripted'")
-    c("retriever.kind", one_of("bm25", "http"), "'bm25' or 'http'")
+    c("retriever.kind", one_of("bm25", "http", "mcp"), "'bm25', 'http' or 'mcp'")
     c("retriever.max_failed_steps", integer(1), "an integer >= 1")
+    if c.get("retriever.kind") == "mcp":
+        check_mcp(c)
     if c.get("retriever.kind") == "http":
         c("retriever.url", lambda v: isinstance(v, str) and v.startswith(("http://", "https://")), "an http(s):// URL")
     c("harness.every_n_steps", integer(1), "an integer >= 1")
@@ -112,3 +114,25 @@ def check_items(c: Checks) -> None:
     if missing:
         c.add(f"reward.items_path: {len(missing)} training queries have no items (e.g. {missing[:3]}); "
               "reward.rule_quality=item_recall would score them 0 whatever they write")
+
+
+def check_mcp(c: Checks) -> None:
+    """``retriever=mcp``: the SDK, one server (a streamable-HTTP url or a stdio command), the tool and its arguments."""
+    from score_lightning.policy.preflight import missing_package
+
+    line = missing_package("mcp", "retriever=mcp", "pip install -e '.[mcp]'", package="mcp")
+    if line is not None:
+        c.add(line)
+    url, command = c.get("retriever.url"), c.get("retriever.command")
+    if (url is None) == (command is None):
+        c.add("retriever=mcp needs exactly one of retriever.url (streamable HTTP, e.g. http://127.0.0.1:8002/mcp) and "
+              "retriever.command (stdio: the server's command line)")
+    elif url is not None:
+        c("retriever.url", lambda v: isinstance(v, str) and v.startswith(("http://", "https://")), "an http(s):// URL")
+    for key in ("retriever.tool", "retriever.query_arg"):
+        c(key, lambda v: isinstance(v, str) and bool(v.strip()), "a non-empty name")
+    if c.get("retriever.topk_arg") is not None:
+        c("retriever.topk_arg", lambda v: isinstance(v, str) and bool(v.strip()), "null or a non-empty name")
+    c("retriever.timeout_s", number(0.0, lo_open=True), "a number > 0 (seconds per tool call)")
+    c("retriever.connect_timeout_s", number(0.0, lo_open=True), "a number > 0 (seconds)")
+    c("retriever.max_retries", integer(0, 10), "an integer in [0, 10]")

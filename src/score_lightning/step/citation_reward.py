@@ -1,0 +1,103 @@
+"""DR Tulu's citation reward through the external judge (``reward.citation_judge``, off by default).
+
+After the step's rewards are assembled (whatever scored them: the evaluator role, the external judge, or the
+rule reward), each *valid* report (a(r) = 1) with at least one claim is sent to the ``judge`` endpoint once:
+its claims, the ids each cites, and the text of those passages as the solver's own searches showed them
+(its observations, each passage cut to ``max_passage_chars``). The judge says, per cited claim, whether the
+passages support it (recall) and which of them are relevant (precision), and per uncited claim whether it
+needed a source (``roles/citation_check.py``; the scores are ``rewards/citation_claims.py``). The report's
+reward then gains
+
+    R <- R + weight * a(r) * mean-over-claims F1(precision, recall)
+
+so an invalid report still earns 0. A failed citation judgement is never a score: that report leaves the
+update (as ``evaluator.on_incomplete=drop``), and the judgement counts in ``judge/failed_rate`` with every
+other one of the step. ``solver/citation_judge_f1``, ``_precision`` and ``_recall`` are the means over the
+reports it judged.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from score_lightning import protocol as P
+from score_lightning.clients.judge import JudgeTally, LLMJudge
+from score_lightning.rewards.citation_claims import citation_score, report_claims
+from score_lightning.roles.citation_check import citation_check_messages, citation_check_reader
+from score_lightning.rollout.trajectory import Trajectory
+from score_lightning.step.reward_assembly import StepRewards
+
+_OBS = re.compile(re.escape(P.OBS_OPEN) + r"(.*?)" + re.escape(P.OBS_CLOSE), re.DOTALL)
+
+
+@dataclass(frozen=True)
+class CitationJudgeSettings:
+    """``reward.citation_judge.*``."""
+
+    enabled: bool = False
+    weight: float = 0.5
+    max_claims: int = 8
+    max_passage_chars: int = 600
+
+    @classmethod
+    def from_cfg(cls, cfg) -> "CitationJudgeSettings":
+        c = cfg.reward.get("citation_judge") or {}
+        return cls(bool(c.get("enabled", False)), float(c.get("weight", 0.5)), int(c.get("max_claims", 8)),
+                   int(c.get("max_passage_chars", 600)))
+
+
+def observed_passages(traj: Trajectory, tokenizer) -> dict[str, str]:
+    """What the trajectory's searches showed it, by id: each ``[id] text`` hit of its observations (the first
+    showing of an id wins)."""
+    out: dict[str, str] = {}
+    known = list(dict.fromkeys(traj.retrieved_ids))
+    if not known:
+        return out
+    head = re.compile(r"(?:^|\n)\[(" + "|".join(re.escape(d) for d in known) + r")\] ")
+    for row in traj.rows():
+        text = tokenizer.decode(row.response_ids)
+        for body in _OBS.findall(text):
+            marks = list(head.finditer(body))
+            for m, nxt in zip(marks, marks[1:] + [None]):
+                out.setdefault(m.group(1), body[m.end():nxt.start() if nxt else len(body)].strip())
+    return out
+
+
+def add_citation_reward(judge: LLMJudge, tokenizer, queries: Sequence[str], solver: Sequence[Trajectory],
+                        rw: StepRewards, num_rollouts: int, settings: CitationJudgeSettings) -> StepRewards:
+    """``rw`` with the citation term added, failed judgements dropped, the stats and the judge tally updated."""
+    requests, where = [], []
+    for n, (answer, traj) in enumerate(zip(rw.answers, solver)):
+        if not answer.valid or not answer.answer:
+            continue
+        claims = report_claims(answer.answer, traj.retrieved_ids, settings.max_claims)
+        if not claims:
+            continue
+        passages = {d: t[:settings.max_passage_chars] for d, t in observed_passages(traj, tokenizer).items()}
+        requests.append((citation_check_messages(queries[n // num_rollouts], claims, passages),
+                         citation_check_reader(claims)))
+        where.append((n, claims, set(traj.retrieved_ids)))
+    outcomes = judge.judge(requests)
+    tally = JudgeTally(endpoint=judge.settings.endpoint)
+    tally.add(outcomes)
+    tally.in_flight_max = judge.limiter.window()["in_flight_max"]
+    term = torch.zeros_like(rw.rewards)
+    dropped = list(rw.dropped) if rw.dropped else [False] * len(rw.answers)
+    sums = {"precision": 0.0, "recall": 0.0, "f1": 0.0, "n": 0.0}
+    for (n, claims, retrieved), out in zip(where, outcomes):
+        if not out.ok:
+            dropped[n] = True
+            continue
+        precision, recall, f1 = citation_score(claims, out.value, retrieved)
+        term[n] = f1
+        for key, value in (("precision", precision), ("recall", recall), ("f1", f1), ("n", 1.0)):
+            sums[key] += value
+    rw.rewards = rw.rewards + settings.weight * rw.validity * term
+    rw.dropped = dropped
+    rw.citation = sums
+    rw.judge = tally if rw.judge is None else rw.judge.merge(tally)
+    return rw
