@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             q.extra.pop("tree", None)
     reworded = None
     if args.reword_base_url:
-        from score_lightning.harness.chat import ChatClient
+        from score_lightning.clients.chat import ChatClient
         from score_lightning.items.reword import reword_items
 
         if not args.reword_model:

@@ -205,7 +205,7 @@ def test_rewording_keeps_evidence_and_terms_and_counts_what_it_could_not_reword(
     """--reword-*: an OpenAI-compatible server (real HTTP on loopback) rewords the text; a reply that drops a
     term is re-asked with the reason; one that never complies keeps the programmatic text, counted by kind."""
     from openai_stub import OpenAIStub, Reply
-    from score_lightning.harness.chat import ChatClient
+    from score_lightning.clients.chat import ChatClient
     from score_lightning.items.reword import reword_items
 
     keep = EvidenceItem("Cites a.b for x", ("a.b",), ("alpha",))

@@ -13,7 +13,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from score_lightning.harness.chat import ChatClient, ReplyError, extract_json_object
+from score_lightning.clients.chat import ChatClient, ReplyError, extract_json_object
 from score_lightning.items.format import EvidenceItem, QueryItems
 from score_lightning.rewards.items import report_prose, term_present
 
