@@ -202,10 +202,13 @@ def test_discriminative_reward_pools_group_spreads(tokenizer):
     from score_lightning.step.scalars import StepScalars
     from score_lightning.step.types import RubricSample, StepRubric
 
-    part = torch.tensor([0.2, 0.6, 0.4, 0.5, 0.5, 0.5])
-    rw = SimpleNamespace(answers=[SimpleNamespace(valid=False, answer=None)] * 6, rubric_part=part,
-                         rewards=part + 1)
+    part = torch.tensor([0.2, 0.6, 0.4, 0.5, 0.5, 0.0, 0.9, 0.1, 0.3])
+    # query 1: all valid; query 2: the third report is invalid (its 0.0 must not count); query 3: one valid only
+    valid = [True, True, True, True, True, False, True, False, False]
+    rw = SimpleNamespace(answers=[SimpleNamespace(valid=v, answer="r" if v else None) for v in valid],
+                         rubric_part=part, rewards=part + 1)
     rubric = Rubric(("factual_support",), (1.0,))
-    ro = SimpleNamespace(rubrics=StepRubric([rubric] * 2, [(RubricSample(rubric, True, "", [1], [2], [1]), None)]))
+    ro = SimpleNamespace(rubrics=StepRubric([rubric] * 3, [(RubricSample(rubric, True, "", [1], [2], [1]), None)]))
     rewards, consistency = sample_rewards("discriminative", ro, rw, StepScalars(), 3, 0.0)
-    assert rewards[0] == pytest.approx((part[:3].std(unbiased=False).item() + 0.0) / 2) and math.isnan(consistency)
+    # std(0.2, 0.6, 0.4) and std(0.5, 0.5) = 0 pooled over the two queries with two or more valid reports
+    assert rewards[0] == pytest.approx((part[:3].std(unbiased=False).item() + 0.0) / 2)

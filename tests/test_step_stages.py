@@ -106,8 +106,10 @@ def test_evaluator_reward_rules():
 
 def test_discriminative_and_per_query_values_by_hand():
     part = torch.tensor([0.2, 0.6, 0.4, 0.5, 0.5, 0.5])  # query 1 spread; query 2 all equal
-    spreads = ER.group_spreads(part, 3)
+    spreads = ER.group_spreads(part, [True] * 6, 3)
     assert spreads == pytest.approx([math.sqrt(((0.2 - 0.4) ** 2 + 0.2 ** 2 + 0) / 3), 0.0])
+    # only valid reports count: 0.2 and 0.6 around 0.4; a query with one valid report has no spread
+    assert ER.group_spreads(part, [True, True, False, True, False, False], 3) == [pytest.approx(0.2), None]
     rewards = torch.tensor([1.2, 1.6, 0.0, 1.5, 1.5, 1.5])
     assert ER.per_query_values("solver_reward", ANSWERS * 2, part, rewards, 3) == pytest.approx([2.8 / 3, 1.5])
     values = ER.per_query_values("consistency", ANSWERS * 2, part, rewards, 3)

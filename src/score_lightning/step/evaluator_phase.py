@@ -31,8 +31,9 @@ def sample_rewards(kind: str, ro: StepRollouts, rw: StepRewards, sc: StepScalars
     """Each rubric sample's R_eval under ``evaluator.reward``, and the pooled consistency (always logged)."""
     sc.consistency.update(ER.valid_conclusion_groups(rw.answers, num_reports))
     if kind == "discriminative":
-        for spread in ER.group_spreads(rw.rubric_part, num_reports):
-            sc.mean("evaluator/discriminative", spread, 1)
+        for spread in ER.group_spreads(rw.rubric_part, [bool(a.valid and a.answer) for a in rw.answers], num_reports):
+            if spread is not None:  # a query with fewer than two valid reports has no spread to reward
+                sc.mean("evaluator/discriminative", spread, 1)
     consistency = sc.global_consistency()
     if kind == "consistency":
         global_value = consistency

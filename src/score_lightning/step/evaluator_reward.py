@@ -6,8 +6,9 @@
   conclusions of the query's *valid* reports. A query with fewer than two valid reports has no C_i;
   a step in which no query has one gives no evaluator update (and leaves the baseline alone).
 * ``discriminative`` (EvoRubrics' self-supervised variant): R = mean over queries of the std of the
-  rubric-weighted scores of the K reports, so a rubric is rewarded for keeping the solver's
-  reports apart as the solver improves.
+  rubric-weighted scores of the query's *valid* reports (a(r) > 0; queries with fewer than two have no
+  value), so a rubric is rewarded for keeping the solver's usable reports apart as the solver improves,
+  not for separating them from empty or broken ones, which a(r) already zeroes.
 * ``preference``: R = the share of held-out preference pairs that scoring with the rubric ranks
   the right way (see :mod:`score_lightning.rubrics.preference`), optionally mixed with an LLM
   appraisal of the rubric.
@@ -40,9 +41,15 @@ def valid_conclusion_groups(answers: Sequence[AnswerParse], num_reports: int) ->
     return groups
 
 
-def group_spreads(rubric_part: Tensor, num_reports: int) -> list[float]:
-    """Per query: the population std of the K reports' rubric-weighted scores (the discriminative reward)."""
-    return rubric_part.view(-1, num_reports).float().std(dim=1, unbiased=False).tolist()
+def group_spreads(rubric_part: Tensor, valid: Sequence[bool], num_reports: int) -> list[float | None]:
+    """Per query: the population std of its valid reports' rubric-weighted scores (the discriminative reward);
+    ``None`` for a query with fewer than two valid reports."""
+    out: list[float | None] = []
+    for row, ok in zip(rubric_part.view(-1, num_reports).float(), [valid[i:i + num_reports]
+                                                                  for i in range(0, len(valid), num_reports)]):
+        kept = row[[bool(v) for v in ok]]
+        out.append(kept.std(unbiased=False).item() if kept.numel() >= 2 else None)
+    return out
 
 
 def per_query_values(kind: str, answers: Sequence[AnswerParse], rubric_part: Tensor, rewards: Tensor,
@@ -56,7 +63,7 @@ def per_query_values(kind: str, answers: Sequence[AnswerParse], rubric_part: Ten
                                               [bool(a.valid and a.answer) for a in group]))
         return out
     if kind == "discriminative":
-        return list(group_spreads(rubric_part, num_reports))
+        return group_spreads(rubric_part, [bool(a.valid and a.answer) for a in answers], num_reports)
     if kind == "solver_reward":
         return rewards.view(-1, num_reports).mean(dim=1).tolist()
     return [None] * (len(answers) // num_reports)  # preference: a global value only
