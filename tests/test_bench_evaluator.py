@@ -89,7 +89,7 @@ OTHER = "Gamma is the answer to a different question entirely [c.three].\nConclu
 def _samples() -> list[Sample]:
     return [Sample("q1", "Question one?", GOOD, ("a.one", "b.two"), True, 0),
             Sample("q1", "Question one?", HALF, ("a.one",), True, 1),
-            Sample("q1", "Question one?", "Uncited and so not grounded at all, whatever it says.", ("a.one",), False, 2),
+            Sample("q1", "Question one?", "Uncited, so not grounded at all, whatever it says.", ("a.one",), False, 2),
             Sample("q1", "Question one?", None, (), False, 3),
             Sample("q2", "Question two?", OTHER, ("c.three",), True, 0)]
 
@@ -135,7 +135,8 @@ def test_caps_and_edits_that_cannot_be_made():
     assert len(pairs) == 3 and all(p.kind != VALID for p in pairs)
     # no corpus id outside what it retrieved: the unretrieved-citation edit is skipped and counted
     one = [Sample("q1", "Question one?", GOOD, ("a.one", "b.two"), True, 0)]
-    pairs, stats = build_pairs(one, ITEMS, random.Random(0), max_degraded=10, max_valid=10, known_ids=("a.one", "b.two"))
+    pairs, stats = build_pairs(one, ITEMS, random.Random(0), max_degraded=10, max_valid=10,
+                               known_ids=("a.one", "b.two"))
     assert stats.skipped["unretrieved_citation"] == 1 and stats.skipped["off_topic"] == 1  # no other query either
     assert sorted(p.kind for p in pairs) == ["empty", "no_citation", "truncated"]
 
@@ -156,6 +157,37 @@ def test_pair_set_round_trip_keeps_its_digest_and_refuses_a_tampered_file(tmp_pa
     manifest_path(tmp_path / "again.jsonl").unlink()
     with pytest.raises(PairSetError, match="no manifest"):
         read_pair_set(tmp_path / "again.jsonl")
+
+
+# ------------------------------------------------------------------------------------------------ the evaluator
+def test_evaluator_scores_go_through_the_step_and_agree_across_protocols(tokenizer, bm25):
+    """The scripted evaluator scores a report by its citations (3 points each) and length (a point per 120
+    characters of its part of the prompt, which runs to the prompt's end for the last report): the step's scoring
+    stage must give each side that score under ``pointwise`` (each distinct report once) and under ``joint`` (a
+    pair's two reports in one evaluation), up to that one length point."""
+    from helpers import compose
+
+    from score_lightning.evaluation.pair_scoring import evaluator_scores
+    from score_lightning.rollout.scripted import ProtocolResponder, ScriptedEngine
+    from score_lightning.step.rollouts import RolloutSettings
+
+    state = HarnessState()
+    rubric = fallback_rubric(state)
+    pairs, _ = build_pairs(_samples(), ITEMS, random.Random(0), max_degraded=100, max_valid=100, known_ids=KNOWN)
+    rubrics = {q: rubric for q in ("q1", "q2")}
+    out = {}
+    for protocol in ("pointwise", "joint"):
+        cfg = compose(["experiment=tiny_score", f"evaluator.scoring={protocol}", "evaluator.constrained_scoring=false"])
+        engine = ScriptedEngine(tokenizer, ProtocolResponder())
+        out[protocol] = evaluator_scores(engine, tokenizer, bm25, pairs, rubrics, state, RolloutSettings.from_cfg(cfg),
+                                         batch=8)
+        assert out[protocol].failed == 0
+    units = {(p.query_id, s.text, s.retrieved) for p in pairs for s in p.sides}
+    assert out["pointwise"].judgements == len(units) and out["joint"].judgements == len(pairs)
+    for p, a, b in zip(pairs, out["pointwise"].scores, out["joint"].scores):
+        assert a[0] == pytest.approx(b[0], abs=0.11) and a[1] == pytest.approx(b[1], abs=0.11), p
+        if p.kind in ("no_citation", "empty"):  # >= 1 citation against none: 3 points, more than length gives
+            assert a[p.better] > a[p.worse] + 0.15 and b[p.better] > b[p.worse] + 0.15
 
 
 # ------------------------------------------------------------------------------------------------ external judge

@@ -157,7 +157,8 @@ def last_line(summary: dict[str, KindSummary]) -> str:
 
 def table(summary: dict[str, KindSummary]) -> list[str]:
     """A markdown table of every summary (the lines BENCHMARKS quotes)."""
-    out = ["| pairs | n | queries | pair acc [95% CI] | AUC [95% CI] | Cohen's d [95% CI] | ties | mean better / worse |",
+    out = ["| pairs | n | queries | pair acc [95% CI] | AUC [95% CI] | Cohen's d [95% CI] | ties "
+           "| mean better / worse |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for kind, s in summary.items():
         cells = [f"{_num(iv.value)} {_ci(iv)}" for iv in (s.pair_acc, s.auc, s.cohen_d)]
