@@ -201,14 +201,19 @@ def test_external_judge_scores_both_sides_and_a_failed_judgement_leaves_its_pair
     state = HarnessState()
     rubric = fallback_rubric(state)
     pairs, _ = build_pairs(_samples(), ITEMS, random.Random(0), max_degraded=100, max_valid=100, known_ids=KNOWN)
-    # the judge: 8 for a report with a citation, 2 without; the truncated report's request fails (HTTP 400)
+    # the judge: 8 for a report with a citation, 2 without; the truncated report's request fails (HTTP 400), and
+    # the first reply on GOOD's uncited edit is a search (no evaluation): re-asked once, then scored
     truncated = next(p.sides[p.worse].text for p in pairs if p.kind == "truncated" and p.query_id == "q1")
+    nocite = next(p.sides[p.worse].text for p in pairs if p.kind == "no_citation" and p.sides[p.better].text == GOOD)
 
     def reply(request):
-        body = request["messages"][-1]["content"].split("[Report 1]\n", 1)[1]
-        body = re.sub(r"^Retrieved by its searches:.*\n", "", body)
-        if body.strip() == truncated.strip():
+        msgs = request["messages"]
+        body = msgs[1]["content"].split("[Report 1]\n", 1)[1]
+        body = re.sub(r"^Retrieved by its searches:.*\n", "", body).strip()
+        if body == truncated.strip():
             return Reply(status=400)
+        if body == nocite.strip() and len(msgs) == 2:
+            return f"{P.SEARCH_OPEN}verify the claims{P.SEARCH_CLOSE}"
         return _evaluation(rubric.dims, 8 if re.search(r"\[[a-z]+\.[a-z]+\]", body) else 2)
 
     with OpenAIStub(content=reply) as stub:
@@ -217,8 +222,11 @@ def test_external_judge_scores_both_sides_and_a_failed_judgement_leaves_its_pair
         out = judge_scores(client, pairs, rubrics, state, "pointwise", show_retrieved=True, concurrency=3)
         requests = stub.chat_requests
     units = {(p.query_id, s.text, s.retrieved) for p in pairs for s in p.sides}
-    assert out.judgements == len(units) and len(requests) == len(units)  # one request each, a 400 is not retried
+    # one request each (a 400 is not retried), one more for the re-asked search
+    assert out.judgements == len(units) and len(requests) == len(units) + 1
     assert out.failed == 1 and dict(out.errors) == {"http_400": 1}
+    (reasked,) = [r for r in requests if len(r.json["messages"]) == 4]
+    assert "<report_evaluations> block" in reasked.json["messages"][-1]["content"]
     assert "Retrieved by its searches" in requests[0].json["messages"][-1]["content"]  # evaluator.show_retrieved
     left_out = [p for p, s in zip(pairs, out.scores) if None in s]
     assert [(p.kind, p.query_id) for p in left_out] == [("truncated", "q1")]  # never scored 0

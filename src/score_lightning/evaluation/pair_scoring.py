@@ -45,6 +45,8 @@ from score_lightning.step.reward_assembly import RewardSettings, parse_answers, 
 from score_lightning.step.rollouts import RolloutSettings, initial_evidence, scoring_rollouts, solver_rollouts
 
 NO_REPORT = "(no report)"
+#: what a judge's unusable reply is re-asked for (it has no search tool: no observation will come)
+REASK = "the complete <report_evaluations> block (no <search>: no search results will come)"
 
 
 def sample_reports(engine, tokenizer, retriever, queries: Sequence[tuple[str, str]], state: HarnessState,
@@ -196,7 +198,7 @@ def judge_scores(client: ChatClient, pairs: Sequence[Pair], rubrics: dict[str, R
                                  + (f" ({ev.error})" if ev.error else ""))
             return ev
 
-        outcome = client.ask(msgs, parse)
+        outcome = client.ask(msgs, parse, expect=REASK)
         if not outcome.ok:
             return [None] * n, outcome.error
         ok = meets_process_rules(outcome.value, n, pc)
