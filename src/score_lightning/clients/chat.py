@@ -262,10 +262,12 @@ class ChatClient:
         return box["value"]
 
     # ------------------------------------------------------------------ semantic retries
-    def ask(self, messages: list[dict[str, str]], parse: Callable[[str], T]) -> ChatOutcome:
+    def ask(self, messages: list[dict[str, str]], parse: Callable[[str], T],
+            expect: str = "one corrected JSON object") -> ChatOutcome:
         """Send, parse; an unusable reply is re-asked up to ``max_retries`` times with the reason.
 
-        ``parse`` raises ``ValueError`` (e.g. :class:`ReplyError`) for an invalid reply. Never raises
+        ``parse`` raises ``ValueError`` (e.g. :class:`ReplyError`) for an invalid reply; the re-ask asks for
+        ``expect`` ("Reply again with <expect> only"). Never raises
         for backend failures: they come back as ``ChatOutcome.error`` (``timeout``, ``connection``,
         ``http_<status>``, ``bad_response``, ``truncated``, ``unparseable``).
         """
@@ -279,24 +281,25 @@ class ChatClient:
                     out.error, out.detail = exc.kind, exc.detail
                     if not exc.semantic:
                         break  # the SDK already retried what transport retries can fix
-                    messages = _corrected(messages, exc.content, exc.detail)
+                    messages = _corrected(messages, exc.content, exc.detail, expect)
                     continue
                 try:
                     out.value, out.error, out.detail = parse(content), None, ""
                     return out
                 except (ValueError, TypeError, KeyError) as exc:  # HarnessStateError, ReplyError are ValueErrors
                     out.error, out.detail = "unparseable", str(exc)
-                    messages = _corrected(messages, content, str(exc))
+                    messages = _corrected(messages, content, str(exc), expect)
                 log.debug("chat request to %s: %s %s", self.url, out.error, out.detail[:120])
             return out
         finally:
             out.attempts, out.latency_s = self._local.requests, self._local.latency
 
 
-def _corrected(messages: list[dict[str, str]], reply: str | None, reason: str) -> list[dict[str, str]]:
+def _corrected(messages: list[dict[str, str]], reply: str | None, reason: str,
+               expect: str = "one corrected JSON object") -> list[dict[str, str]]:
     """The conversation plus the rejected reply and why, so the next answer can fix it."""
     extra = [{"role": "assistant", "content": reply}] if reply else []
-    note = (f"That reply was rejected ({reason}). Reply again with one corrected JSON object only"
+    note = (f"That reply was rejected ({reason}). Reply again with {expect} only"
             + (", shorter." if "truncated" in reason else "."))
     return [*messages, *extra, {"role": "user", "content": note}]
 

@@ -2,7 +2,8 @@
 
 Prompt: :func:`scoring_messages` over K reports (``evaluator.scoring=joint``) or over one report
 (``pointwise``), solver-style answers, some deliberately degraded: no citations, invented citations,
-citations of real documents the report's searches never returned, off-topic, cut short, missing. With
+citations of real documents the report's searches never returned, off-topic, cut short, missing (the edits of
+:mod:`score_lightning.rewards.report_edits`, which ``scripts/bench_evaluator.py`` measures the evaluator on). With
 ``evaluator.show_retrieved`` each report comes with the ids its searches returned, and the
 verification says whether its citations are among them. Response: verification ``<search>`` calls
 with real observations, then ``<report_evaluations>`` with ``<verification>``, ``<gap_analysis>`` and
@@ -13,10 +14,12 @@ is written, the scores can rank them correctly, which is what the evaluator has 
 from __future__ import annotations
 
 import random
-import re
 
 from score_lightning import protocol as P
 from score_lightning.harness.state import HarnessState
+from score_lightning.rewards.report_edits import (
+    bracketed_ids, cut_short, drop_citations, invented_id, replace_citation, unretrieved_id,
+)
 from score_lightning.roles.prompts import scoring_messages
 from score_lightning.roles.rubric import Rubric, fallback_rubric
 from score_lightning.sft.context import DemoContext
@@ -37,7 +40,6 @@ _UNGROUNDED = ("fake_citation", "unretrieved_citation")
 #: the edits of a contrast group (``sft.scoring_contrast``): each report is the group's one good report with
 #: one flaw (its citations dropped, invented or never retrieved, cut short, fewer sections), or another query's
 _CONTRAST_KINDS = ("good", "partial", "no_citation", "fake_citation", "unretrieved_citation", "truncated", "off_topic")
-_CITE_RE = re.compile(r"\[([^\]\s]+)\]")
 
 
 def _sources(ctx: DemoContext, hits: list) -> list[str]:
@@ -54,29 +56,25 @@ def _report(ctx: DemoContext, rng: random.Random, query: str, rubric: Rubric, ki
         other = rng.choice([q for q in ctx.queries if q != query] or [query])
         _, hits = solver_plan(ctx, rng, other, rng.randint(1, 2))
         text = answer_for(ctx, rng, other, hits, rubric, 2)
-        return text or "(no report)", {"kind": kind, "cited": list(dict.fromkeys(_CITE_RE.findall(text))),
-                                       "sources": _sources(ctx, hits)}
+        return text or "(no report)", {"kind": kind, "cited": bracketed_ids(text), "sources": _sources(ctx, hits)}
     _, hits = solver_plan(ctx, rng, query, rng.randint(1, 3))
     sources = _sources(ctx, hits)
     text = answer_for(ctx, rng, query, hits, rubric, 3 if kind != "partial" else 1)
     if not text:
         return "(no report)", {"kind": "empty", "cited": [], "sources": sources}
     if kind == "no_citation":
-        text = re.sub(r"\s*\[[^\]\s]+\]", "", text).replace("According to ,", "According to the docs,")
+        text = drop_citations(text)
     elif kind in _UNGROUNDED:
-        cited = _CITE_RE.findall(text)
+        cited = bracketed_ids(text)
         if cited:
             if kind == "fake_citation":  # an invented id, e.g. json.helper
-                other = cited[0].rsplit(".", 1)[0] + "." + rng.choice(("helper", "fast_path", "legacy", "internal"))
+                other = invented_id(cited[0], rng)
             else:  # a real corpus document that these searches did not return
-                pool = sorted(ctx.known_ids - set(sources)) or ["os.path"]
-                other = rng.choice(pool)
-            text = text.replace(f"[{cited[0]}]", f"[{other}]")
+                other = unretrieved_id(rng, ctx.known_ids, sources)
+            text = replace_citation(text, cited[0], other)
     elif kind == "truncated":
-        text = text.split("\nConclusion:")[0]
-        words = text.split(" ")
-        text = " ".join(words[: max(4, len(words) // 2)])
-    cited = list(dict.fromkeys(_CITE_RE.findall(text)))
+        text = cut_short(text)
+    cited = bracketed_ids(text)
     if kind in _UNGROUNDED and all(c in sources for c in cited):
         kind = "good"  # nothing to replace (no citation survived): the report is what it is
     return text, {"kind": kind, "cited": cited, "sources": sources}
