@@ -188,7 +188,7 @@ def score(args, cfg, policy, state, retriever, pairs):
               "show_retrieved": settings.show_retrieved}
     torch.manual_seed(args.seed + 1_000_003)  # the scoring's own stream: a stored set rescored samples the same
     if args.judge_base_url:
-        from score_lightning.harness.chat import ChatClient
+        from score_lightning.clients.chat import ChatClient
 
         rubrics, how = S.judge_rubrics(source, state, [q for q, _ in qids])
         client = ChatClient(args.judge_base_url, args.judge_model, os.environ.get(args.judge_api_key_env or ""),

@@ -19,7 +19,7 @@ from score_lightning.evaluation import pair_metrics as M
 from score_lightning.evaluation.pair_build import EDIT_KINDS, VALID, Sample, build_pairs, grounded_answer_valid
 from score_lightning.evaluation.pair_scoring import judge_scores
 from score_lightning.evaluation.pair_set import PairSetError, manifest_path, pairs_text, read_pair_set, write_pair_set
-from score_lightning.harness.chat import ChatClient
+from score_lightning.clients.chat import ChatClient
 from score_lightning.harness.state import HarnessState
 from score_lightning.items.format import EvidenceItem
 from score_lightning.rewards.items import item_recall

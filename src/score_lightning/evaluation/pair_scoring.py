@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from score_lightning.evaluation.pair_build import Pair, Sample
-from score_lightning.harness.chat import ChatClient, ReplyError
+from score_lightning.clients.chat import ChatClient, ReplyError
 from score_lightning.harness.state import HarnessState
 from score_lightning.roles.evaluation import EvaluationParse, parse_evaluation
 from score_lightning.roles.prompts import scoring_messages
