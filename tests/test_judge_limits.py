@@ -40,6 +40,28 @@ def test_the_limiter_bounds_slots_across_threads_and_records_the_most_in_flight(
         lim.configure(0)
 
 
+def test_new_limits_start_a_new_window():
+    """A run that configures the shared limiter must not report the peak of an earlier run in the process."""
+    lim = Limiter(max_concurrency=4)
+    release = threading.Event()
+
+    def hold():
+        with lim.slot():
+            release.wait()
+
+    held = [threading.Thread(target=hold) for _ in range(3)]
+    for t in held:
+        t.start()
+    while lim.in_flight < 3:
+        time.sleep(0.001)
+    release.set()
+    for t in held:
+        t.join()
+    assert lim.in_flight == 0 and lim.in_flight_max == 3  # the earlier run's peak, never read
+    lim.configure(2)
+    assert lim.window() == {"in_flight_max": 0.0}
+
+
 def test_requests_per_minute_is_a_sliding_window(monkeypatch):
     monkeypatch.setattr(L, "WINDOW_S", 0.3)
     lim = Limiter(max_concurrency=8, requests_per_minute=2)

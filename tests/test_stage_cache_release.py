@@ -93,10 +93,10 @@ def test_each_generating_stage_starts_with_empty_stores(monkeypatch):
     monkeypatch.setattr(generation, "parse_answers", lambda *a: answers)
     monkeypatch.setattr(generation, "assemble_rewards", lambda *a: "rewards")
     host = GenerationHooks()
-    host.__dict__.update(cfg=SimpleNamespace(solver=SimpleNamespace(topk=2), evaluator=SimpleNamespace(
+    host.__dict__.update(cfg=SimpleNamespace(solver=SimpleNamespace(topk=2), reward={}, evaluator=SimpleNamespace(
         max_prompt_tokens=1024, temperature=1.0)), K=2, engine=engine, evaluator_engine=engine, tokenizer=None,
         retriever=None, harness_state=HarnessState(), scheduler=None, rubric_source=Source(),
-        rollout_settings=None, reward_settings=SimpleNamespace(source="evaluator"))
+        rollout_settings=None, reward_settings=SimpleNamespace(source="evaluator", evaluator_source="policy"))
     ro = host.rollout([QUERY])
     assert host.score(ro) == "rewards"
     assert [e for e in log if e != "release"] == ["rubric (store empty)", "solver (store empty)",

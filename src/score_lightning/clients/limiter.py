@@ -47,6 +47,7 @@ class Limiter:
         with self._cond:
             self.max_concurrency = int(max_concurrency)
             self.requests_per_minute = int(requests_per_minute)
+            self.in_flight_max = self.in_flight  # new limits start a new window: an earlier run's peak is not ours
             self._cond.notify_all()
         return self
 
