@@ -136,8 +136,8 @@ def test_apply_under_async_gives_the_trainer_its_share_and_logs_both(monkeypatch
     (1.0, 0.9, 2, 1, 1),  # one busy process: one core left
     (2.0, 2.0, 2, 1, 1),  # a busy process on each core: 1, never 0
     (5.0, 4.8, 2, 1, 1),  # issue 49: three jobs on 2 cores, load average 5
-    (0.0, 3.0, 4, 1, 1),  # a job that ran the last minute counts through the load average ...
-    (3.0, 0.1, 4, 1, 1),  # ... and one that just started through the run queue
+    (0.0, 3.0, 4, 1, 4),  # work that ended in the last minute still weighs in the load average: not counted
+    (3.0, 0.1, 4, 1, 1),  # a job that just started counts through the run queue
     (4.0, 4.0, 16, 2, 6),  # 12 idle cores for 2 DDP ranks (Lightning starts them after the first one reads)
     (0.6, 0.0, 2, 1, 1),  # rounded to the nearest core: 1.4 idle is 1 ...
     (0.4, 0.0, 2, 1, 2),  # ... 1.6 is 2
@@ -145,7 +145,7 @@ def test_apply_under_async_gives_the_trainer_its_share_and_logs_both(monkeypatch
 def test_auto_takes_the_busy_cores_off_before_dividing(runnable, load_avg, cores, procs, expected):
     plan = plan_threads("auto", 1, procs, cores, {}, LoadReading(runnable, load_avg, cores))
     assert plan.threads == expected
-    assert f"other work needs {max(runnable, load_avg):.1f} cores" in plan.reason
+    assert f"other work needs {runnable:.1f} cores (run queue {runnable:.1f}, 1-minute load average {load_avg:.2f}" in plan.reason
     if expected < cores // procs:  # says why it chose fewer than the share
         assert f"so {expected} instead of {cores // procs}" in plan.reason
 
@@ -177,7 +177,7 @@ def test_oversubscription_warns():
     assert T.oversubscribed(LoadReading(0.0, 0.1, 2), 2, 2) is None
     assert T.oversubscribed(LoadReading(1.0, 1.0, 2), 2, 1) is None
     warning = T.oversubscribed(LoadReading(2.0, 2.1, 2), 2, 1)
-    assert warning.startswith("the machine is oversubscribed: 2 usable cores, other work needs 2.1 cores")
+    assert warning.startswith("the machine is oversubscribed: 2 usable cores, other work needs 2.0 cores")
     assert T.oversubscribed(None, 2, 8) is None
 
 

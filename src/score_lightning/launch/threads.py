@@ -8,10 +8,12 @@ never for one process, and no process can see an independent run started beside 
 ``threads.runs`` (or ``OMP_NUM_THREADS=1``) tells it.
 
 ``auto`` also looks at the load already on the machine (issue 49: with three other jobs on 2 cores, 2
-threads took 45-52 s a step and 1 thread 11.4 s): the cores other work keeps busy, read as the larger
-of the run queue now (runnable tasks in ``/proc/loadavg``, sampled a few times, this process's own
-threads and its sibling ranks left out) and the 1-minute load average (less this process's own recent
-share), are taken off the usable cores before they are divided. It logs what it saw and chose, and
+threads took 45-52 s a step and 1 thread 11.4 s): the cores other work keeps busy, read from the run
+queue now (runnable tasks in ``/proc/loadavg``, sampled a few times, this process's own threads and its
+sibling ranks left out), are taken off the usable cores before they are divided. The 1-minute load
+average is logged beside it but not counted: it lags, so a run started right after other work ended
+(the next cell of a study, a test suite's next CLI run, a script started after a build) would see that
+work for a minute and keep one thread for its whole life on an idle machine. It logs what it saw and chose, and
 warns when the machine is oversubscribed. The reading is system-wide: with fewer usable cores than the
 machine has (an affinity mask, a cgroup quota), it is scaled to the usable share.
 """
@@ -69,10 +71,10 @@ class LoadReading:
     online: int
 
     def busy(self, cores: int, siblings: int = 0) -> float:
-        """Cores of the ``cores`` this process may use that other work keeps busy: the larger reading (a job that
-        just started shows in the run queue before the average), less this run's ``siblings`` (its other local
-        processes, started with it), scaled to the usable share of the machine."""
-        others = max(self.runnable, self.load_avg) - siblings
+        """Cores of the ``cores`` this process may use that other work keeps busy now: the run queue, less this
+        run's ``siblings`` (its other local processes, started with it), scaled to the usable share of the
+        machine. Not the load average: it still counts, for up to a minute, work that has already ended."""
+        others = self.runnable - siblings
         return max(0.0, others) * min(1.0, cores / max(1, self.online))
 
     def describe(self, cores: int, siblings: int = 0) -> str:
@@ -105,7 +107,7 @@ def _age_seconds() -> float:
     return float(Path("/proc/uptime").read_text().split()[0]) - start
 
 
-def machine_load(samples: int = 5, interval_s: float = 0.02) -> LoadReading | None:
+def machine_load(samples: int = 9, interval_s: float = 0.025) -> LoadReading | None:
     """Read the machine's load (Linux ``/proc``); None where it cannot be read. Takes ``samples x interval_s``."""
     try:
         queue = []
