@@ -35,10 +35,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_server(retriever, tool: str = "search", host: str = "127.0.0.1", port: int = 8002, max_topk: int = 100):
-    """A FastMCP server with one search tool over ``retriever`` (any :class:`Retriever`)."""
-    from mcp.server.fastmcp import FastMCP
+    """An MCP server (the SDK's FastMCP in mcp 1.x, MCPServer in 2.x) with one search tool over ``retriever``
+    (any :class:`Retriever`). ``serve(server, stdio)`` runs it."""
+    try:
+        from mcp.server.fastmcp import FastMCP  # mcp 1.x: the address is the server's
 
-    server = FastMCP("score-lightning-search", host=host, port=port, log_level="WARNING")
+        server = FastMCP("score-lightning-search", host=host, port=port, log_level="WARNING")
+        server.http_address = {}
+    except ImportError:  # mcp 2.x (vLLM's pin): the address is the transport's
+        from mcp.server.mcpserver import MCPServer
+
+        server = MCPServer("score-lightning-search", log_level="WARNING")
+        server.http_address = {"host": host, "port": port}
 
     def search(query: str, topk: int = 3) -> dict:
         """Search the corpus; returns {"results": [{"id", "contents", "score"}]}, best first."""
@@ -63,7 +71,10 @@ def main(argv: list[str] | None = None) -> None:
     where = "stdio" if args.stdio else f"http://{args.host}:{args.port}/mcp"
     logging.info("BM25 over %d passages from %s; MCP tool %r (query, topk) at %s", len(retriever), corpus, args.tool,
                  where)
-    server.run(transport="stdio" if args.stdio else "streamable-http")
+    if args.stdio:
+        server.run(transport="stdio")
+    else:
+        server.run(transport="streamable-http", **server.http_address)
 
 
 if __name__ == "__main__":

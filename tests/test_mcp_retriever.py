@@ -23,7 +23,10 @@ from test_grounded_rewards import DIMS, OBS_ID, RUBRIC, _report
 
 STDIO_SERVER = '''
 import json, sys
-from mcp.server.fastmcp import FastMCP
+try:
+    from mcp.server.fastmcp import FastMCP  # mcp 1.x
+except ImportError:
+    from mcp.server.mcpserver import MCPServer as FastMCP  # mcp 2.x
 
 docs = [json.loads(line) for line in open(sys.argv[1], encoding="utf-8") if line.strip()]
 server = FastMCP("other-names")

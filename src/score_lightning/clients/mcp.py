@@ -21,12 +21,19 @@ MCP tool; this client lets the trainer call such a tool the way it calls every o
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import shlex
 import threading
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
+
+
+def _read_timeout(seconds: float):
+    """``call_tool``'s per-call read timeout: a timedelta in mcp 1.x, seconds in 2.x."""
+    major = int(importlib.metadata.version("mcp").split(".", 1)[0])
+    return timedelta(seconds=seconds) if major < 2 else float(seconds)
 
 
 class MCPError(RuntimeError):
@@ -164,7 +171,7 @@ class MCPToolClient:
             raise MCPError("connect", f"the MCP server {self.server} is not connected")
 
         async def one(args: Mapping[str, Any]):
-            return await session.call_tool(self.tool, dict(args), read_timeout_seconds=timedelta(seconds=self.timeout_s))
+            return await session.call_tool(self.tool, dict(args), read_timeout_seconds=_read_timeout(self.timeout_s))
 
         async def all_of():
             return await asyncio.wait_for(asyncio.gather(*(one(a) for a in arguments)), self.timeout_s)
@@ -185,11 +192,14 @@ class MCPToolClient:
 
     def _payload(self, result: Any) -> Any:
         texts = [c.text for c in result.content if getattr(c, "type", None) == "text"]
-        if result.isError:
+        # mcp 1.x names the fields as on the wire (isError, structuredContent); mcp 2.x in snake case
+        is_error = result.is_error if hasattr(result, "is_error") else result.isError
+        structured = result.structured_content if hasattr(result, "structured_content") else result.structuredContent
+        if is_error:
             raise MCPError("tool_error", f"MCP tool {self.tool!r} at {self.server} returned an error: "
                                          f"{' '.join(texts)[:300]}")
-        if result.structuredContent is not None:
-            return result.structuredContent
+        if structured is not None:
+            return structured
         try:
             values = [json.loads(t) for t in texts]
         except ValueError:
