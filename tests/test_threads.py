@@ -145,7 +145,8 @@ def test_apply_under_async_gives_the_trainer_its_share_and_logs_both(monkeypatch
 def test_auto_takes_the_busy_cores_off_before_dividing(runnable, load_avg, cores, procs, expected):
     plan = plan_threads("auto", 1, procs, cores, {}, LoadReading(runnable, load_avg, cores))
     assert plan.threads == expected
-    assert f"other work needs {runnable:.1f} cores (run queue {runnable:.1f}, 1-minute load average {load_avg:.2f}" in plan.reason
+    seen = f"other work needs {runnable:.1f} cores (run queue {runnable:.1f}, 1-minute load average {load_avg:.2f}"
+    assert seen in plan.reason
     if expected < cores // procs:  # says why it chose fewer than the share
         assert f"so {expected} instead of {cores // procs}" in plan.reason
 

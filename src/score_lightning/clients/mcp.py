@@ -21,6 +21,7 @@ MCP tool; this client lets the trainer call such a tool the way it calls every o
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.metadata
 import json
 import shlex
@@ -30,10 +31,14 @@ from datetime import timedelta
 from typing import Any
 
 
+@functools.cache
+def _mcp_major() -> int:
+    return int(importlib.metadata.version("mcp").split(".", 1)[0])
+
+
 def _read_timeout(seconds: float):
     """``call_tool``'s per-call read timeout: a timedelta in mcp 1.x, seconds in 2.x."""
-    major = int(importlib.metadata.version("mcp").split(".", 1)[0])
-    return timedelta(seconds=seconds) if major < 2 else float(seconds)
+    return timedelta(seconds=seconds) if _mcp_major() < 2 else float(seconds)
 
 
 class MCPError(RuntimeError):

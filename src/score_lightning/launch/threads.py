@@ -13,8 +13,8 @@ queue now (runnable tasks in ``/proc/loadavg``, sampled a few times, this proces
 sibling ranks left out), are taken off the usable cores before they are divided. The 1-minute load
 average is logged beside it but not counted: it lags, so a run started right after other work ended
 (the next cell of a study, a test suite's next CLI run, a script started after a build) would see that
-work for a minute and keep one thread for its whole life on an idle machine. It logs what it saw and chose, and
-warns when the machine is oversubscribed. The reading is system-wide: with fewer usable cores than the
+work for a minute and keep one thread for its whole life on an idle machine. It logs what it saw and
+chose, and warns when the machine is oversubscribed. The reading is system-wide: with fewer usable cores than the
 machine has (an affinity mask, a cgroup quota), it is scaled to the usable share.
 """
 
