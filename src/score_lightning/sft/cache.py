@@ -81,7 +81,7 @@ def _queries_identity(cfg: DictConfig) -> str:
 
 
 #: sft knobs added after cold starts were cached: at these values they change nothing, so they are not keyed
-_OFF_VALUES = {"trainable_layers": None, "scoring_contrast": 0.0}
+_OFF_VALUES = {"trainable_layers": None, "scoring_contrast": 0.0, "report": None}
 
 
 def sft_key_inputs(cfg: DictConfig, model_path: str) -> dict[str, Any]:

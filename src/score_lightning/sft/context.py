@@ -18,7 +18,7 @@ from score_lightning.retrieval.base import Retriever, SearchHit
 from score_lightning.rollout.agent import AgentConfig, run_agent
 from score_lightning.rollout.engine import Generation, SamplingParams
 from score_lightning.rollout.trajectory import Trajectory
-from score_lightning.sft.demo_types import DemoBudgets, encode
+from score_lightning.sft.demo_types import DemoBudgets, ReportShape, encode
 
 
 class ScriptEngine:
@@ -81,17 +81,19 @@ class DemoContext:
     #: corpus document ids (empty for retrievers that do not expose their documents)
     known_ids: frozenset[str]
     eos: int
+    #: ``sft.report``: research-report solver answers (and scoring reports) of this shape; None: short answers
+    report: ReportShape | None = None
 
     @classmethod
     def create(cls, tokenizer, retriever: Retriever, queries: Sequence[str], budgets: DemoBudgets,
-               base_state: HarnessState | None = None) -> "DemoContext":
+               base_state: HarnessState | None = None, report: ReportShape | None = None) -> "DemoContext":
         kept = [q for q in queries if q.strip()]
         if not kept:
             raise ValueError("sft demos: no queries")
         docs = getattr(retriever, "docs", None) or []
         return cls(tok=tokenizer, retriever=CachedRetriever(retriever), queries=kept, b=budgets,
                    base=base_state if base_state is not None else HarnessState(),
-                   known_ids=frozenset(d.id for d in docs), eos=tokenizer.eos_token_id)
+                   known_ids=frozenset(d.id for d in docs), eos=tokenizer.eos_token_id, report=report)
 
     def script(self, turns: Sequence[str], prompt: list[int], agent: AgentConfig) -> Trajectory:
         """Replay ``turns`` after ``prompt`` through the real agent loop (real searches, masks, budgets)."""

@@ -81,6 +81,33 @@ class DemoBudgets:
                            finish_tag=P.EVALS_CLOSE, allow_search=self.evaluator_max_tool_calls > 0)
 
 
+@dataclass(frozen=True)
+class ReportShape:
+    """``sft.report``: solver demos as research reports (several searches, several cited findings).
+
+    ``None`` (the default) keeps the one-to-two-claim answers the tiny model's packaged cold start
+    learned, byte for byte; a shape draws each report's number of cited findings from ``claims`` and
+    its number of searches from ``searches`` (both inclusive, searches capped by
+    ``solver.max_tool_calls``). Scoring demos then show reports of the same shape.
+    """
+
+    claims: tuple[int, int] = (3, 5)
+    searches: tuple[int, int] = (1, 3)
+
+    @classmethod
+    def from_cfg(cls, node) -> "ReportShape | None":
+        """``None`` for ``sft.report: null``; a :class:`ValueError` naming the key for a bad range."""
+        if node is None:
+            return None
+        out = {}
+        for key in ("claims", "searches"):
+            lo, hi = (int(x) for x in node[key])
+            if not 1 <= lo <= hi:
+                raise ValueError(f"sft.report.{key}: [lo, hi] with 1 <= lo <= hi, got {list(node[key])}")
+            out[key] = (lo, hi)
+        return cls(**out)
+
+
 def encode(tokenizer, text: str) -> list[int]:
     """``text``'s ids without special tokens, as a sampler would emit them."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])

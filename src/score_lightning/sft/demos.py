@@ -4,7 +4,8 @@ Three kinds, all built from the query set and the configured retriever (BM25 ove
 by default), deterministic given a seed; each kind lives in its own module:
 
 * **solver** (:mod:`~score_lightning.sft.solver_demos`): searches answered by real observations,
-  then a cited ``<answer>`` ending with ``Conclusion: ...``.
+  then a cited ``<answer>`` ending with ``Conclusion: ...`` (with ``sft.report``, a research report:
+  several searches, an overview, several cited findings, a synthesis).
 * **rubric** (:mod:`~score_lightning.sft.rubric_demos`): a ``<dimensions>`` block satisfying a
   random valid harness state, in a canonical order a tiny model can learn.
 * **scoring** (:mod:`~score_lightning.sft.scoring_demos`): verification searches, then
@@ -30,7 +31,7 @@ from collections.abc import Sequence
 from score_lightning.harness.state import HarnessState
 from score_lightning.retrieval.base import Retriever
 from score_lightning.sft.context import DemoContext
-from score_lightning.sft.demo_types import RUBRIC, SCORING, SOLVER, Demo, DemoBudgets, DemoStats
+from score_lightning.sft.demo_types import RUBRIC, SCORING, SOLVER, Demo, DemoBudgets, DemoStats, ReportShape
 from score_lightning.sft.rubric_demos import rubric_group
 from score_lightning.sft.scoring_demos import scoring_group
 from score_lightning.sft.solver_demos import solver_group
@@ -47,8 +48,8 @@ class DemoBuilder:
     """Builds the three demo kinds for one tokenizer, retriever, query set and budget."""
 
     def __init__(self, tokenizer, retriever: Retriever, queries: Sequence[str], budgets: DemoBudgets,
-                 base_state: HarnessState | None = None, seed: int = 0):
-        self.ctx = DemoContext.create(tokenizer, retriever, queries, budgets, base_state)
+                 base_state: HarnessState | None = None, seed: int = 0, report: ReportShape | None = None):
+        self.ctx = DemoContext.create(tokenizer, retriever, queries, budgets, base_state, report)
         self.seed = int(seed)
         self.stats = DemoStats()
 
@@ -104,9 +105,13 @@ def build_demos(tokenizer, retriever: Retriever, queries: Sequence[str], budgets
                 n_solver: int, n_rubric: int, n_scoring: int, seed: int = 0,
                 base_state: HarnessState | None = None,
                 per_prompt: dict[str, int] | None = None,
-                extra: Sequence[ExtraKind] = (), scoring_contrast: float = 0.0) -> tuple[list[Demo], DemoStats]:
-    """Build all demonstrations; returns them (solver, rubric, scoring, then ``extra`` kinds) and the counts."""
-    builder = DemoBuilder(tokenizer, retriever, queries, budgets, base_state, seed)
+                extra: Sequence[ExtraKind] = (), scoring_contrast: float = 0.0,
+                report: ReportShape | None = None) -> tuple[list[Demo], DemoStats]:
+    """Build all demonstrations; returns them (solver, rubric, scoring, then ``extra`` kinds) and the counts.
+
+    ``report`` (``sft.report``) makes solver answers and scoring reports research reports of that shape.
+    """
+    builder = DemoBuilder(tokenizer, retriever, queries, budgets, base_state, seed, report)
     demos = builder.build(n_solver, n_rubric, n_scoring, per_prompt, extra, scoring_contrast)
     return demos, builder.stats
 

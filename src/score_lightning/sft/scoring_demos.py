@@ -26,7 +26,7 @@ from score_lightning.sft.context import DemoContext
 from score_lightning.rollout.chat import encode_chat, truncate_text
 from score_lightning.sft.demo_types import SCORING, Demo
 from score_lightning.sft.rubric_demos import random_rubric, random_state
-from score_lightning.sft.solver_demos import answer_for, solver_plan, visible_evidence
+from score_lightning.sft.solver_demos import answer_for, claim_count, search_count, solver_plan, visible_evidence
 from score_lightning.sft.text import query_entities, search_queries
 
 #: base score per report quality kind; the key order is also the order kinds are drawn in
@@ -54,12 +54,12 @@ def _report(ctx: DemoContext, rng: random.Random, query: str, rubric: Rubric, ki
         return "(no report)", {"kind": kind, "cited": [], "sources": sources}
     if kind == "off_topic":
         other = rng.choice([q for q in ctx.queries if q != query] or [query])
-        _, hits = solver_plan(ctx, rng, other, rng.randint(1, 2))
-        text = answer_for(ctx, rng, other, hits, rubric, 2)
+        _, hits = solver_plan(ctx, rng, other, search_count(ctx, rng, 1, 2))
+        text = answer_for(ctx, rng, other, hits, rubric, claim_count(ctx, rng, 2))
         return text or "(no report)", {"kind": kind, "cited": bracketed_ids(text), "sources": _sources(ctx, hits)}
-    _, hits = solver_plan(ctx, rng, query, rng.randint(1, 3))
+    _, hits = solver_plan(ctx, rng, query, search_count(ctx, rng, 1, 3))
     sources = _sources(ctx, hits)
-    text = answer_for(ctx, rng, query, hits, rubric, 3 if kind != "partial" else 1)
+    text = answer_for(ctx, rng, query, hits, rubric, claim_count(ctx, rng, 3) if kind != "partial" else 1)
     if not text:
         return "(no report)", {"kind": "empty", "cited": [], "sources": sources}
     if kind == "no_citation":

@@ -6,6 +6,10 @@ fallback). Response: ``<think>``, 1..N ``<search>`` calls whose queries come fro
 ``<answer>`` citing retrieved ids as ``[doc_id]`` with sentences taken from the retrieved passages,
 ending with ``Conclusion: ...``, then EOS. Only passages whose ``[id]`` survives the observation's
 token budget are cited, so every citation is one the model actually saw.
+
+With ``sft.report`` (:class:`~score_lightning.sft.demo_types.ReportShape`) the answer is a research
+report (:mod:`~score_lightning.sft.research_report`) whose findings are sentences of the text the
+observations actually showed, after a number of searches drawn from the shape.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from score_lightning.rollout.agent import format_observation
 from score_lightning.sft.context import DemoContext
 from score_lightning.rollout.chat import encode_chat
 from score_lightning.sft.demo_types import SOLVER, Demo
+from score_lightning.sft.research_report import REPORT_SENTENCE_WORDS, build_report
 from score_lightning.sft.rubric_demos import random_rubric, random_state
-from score_lightning.sft.text import first_sentence, lower_first, query_entities, query_keywords, search_queries
+from score_lightning.sft.text import (first_sentence, lower_first, passage_sentences, query_entities, query_keywords,
+                                      search_queries)
 
 
 @dataclass
@@ -43,6 +49,21 @@ def visible_evidence(tokenizer, hits: list[SearchHit], budget: int) -> list[Evid
             continue
         s = first_sentence(h.text) or f"{h.title or h.id} is documented in the standard library."
         out.append(Evidence(h.id, s))
+    return out
+
+
+def visible_passages(tokenizer, hits: list[SearchHit], budget: int, n: int = 3) -> list[tuple[str, list[str]]]:
+    """Each shown hit's id and up to ``n`` sentences of the text the observation showed of it (what a report
+    may state: nothing the budget cut off); hits with no readable sentence in view are left out."""
+    ids, shown = format_observation(hits, budget, tokenizer)
+    text = tokenizer.decode(ids).replace(P.OBS_CLOSE, "")
+    marks = sorted((text.find(f"[{h}]"), h) for h in shown)
+    out = []
+    for i, (start, doc_id) in enumerate(marks):
+        end = marks[i + 1][0] if i + 1 < len(marks) else len(text)
+        sentences = passage_sentences(text[start + len(doc_id) + 2:end], n, REPORT_SENTENCE_WORDS)
+        if sentences:
+            out.append((doc_id, sentences))
     return out
 
 
@@ -109,9 +130,29 @@ def solver_plan(ctx: DemoContext, rng: random.Random, query: str, n_search: int)
     return qs, hits
 
 
+def claim_count(ctx: DemoContext, rng: random.Random, short: int) -> int:
+    """Findings of one answer: ``short`` for the short answers, else a draw from ``sft.report.claims``."""
+    return rng.randint(*ctx.report.claims) if ctx.report else short
+
+
+def search_count(ctx: DemoContext, rng: random.Random, lo: int, hi: int) -> int:
+    """Searches of one report: a draw in ``[lo, hi]`` for the short answers, else from ``sft.report.searches``."""
+    return rng.randint(*ctx.report.searches) if ctx.report else rng.randint(lo, hi)
+
+
 def answer_for(ctx: DemoContext, rng: random.Random, query: str, hits: list[list[SearchHit]], rubric: Rubric | None,
                max_claims: int) -> str:
-    """An answer citing the visible evidence of ``hits``; empty when no passage is visible."""
+    """An answer citing the visible evidence of ``hits`` (a research report under ``sft.report``, with
+    ``max_claims`` findings); empty when no passage is visible."""
+    if ctx.report:
+        passages: dict[str, list[str]] = {}
+        for hs in hits:
+            for doc_id, sentences in visible_passages(ctx.tok, hs, ctx.b.max_observation_tokens):
+                passages.setdefault(doc_id, sentences)
+        found = list(passages.items())
+        if rng.random() < 0.3:
+            rng.shuffle(found)
+        return build_report(rng, query, found, rubric, ctx.known_ids, max_claims) if found else ""
     ev: list[Evidence] = []
     for hs in hits:
         for e in visible_evidence(ctx.tok, hs, ctx.b.max_observation_tokens):
@@ -144,13 +185,20 @@ def _solver_response(ctx: DemoContext, rng: random.Random, query: str, state: Ha
                      prompt: list[int]) -> Demo | None:
     """One scripted trajectory; fewer searches and claims on each retry, ``None`` when nothing fits."""
     b = ctx.b
-    n_search = min(rng.choices([1, 2, 3, 4], weights=[0.4, 0.38, 0.17, 0.05])[0], max(1, b.solver_max_tool_calls))
+    if ctx.report:
+        n_search, n_claims = rng.randint(*ctx.report.searches), rng.randint(*ctx.report.claims)
+    else:
+        n_search = rng.choices([1, 2, 3, 4], weights=[0.4, 0.38, 0.17, 0.05])[0]
+    n_search = min(n_search, max(1, b.solver_max_tool_calls))
     if b.solver_max_tool_calls == 0:
         n_search = 0
     ents = query_entities(query, ctx.known_ids)
     for attempt in range(6):
         n = max(0 if b.solver_max_tool_calls == 0 else 1, n_search - attempt // 2)
-        max_claims = max(1, 2 - (1 if attempt >= 3 else 0) - (0 if rng.random() < 0.6 else 1))
+        if ctx.report:  # a report that does not fit the budget loses a finding per retry
+            max_claims = max(1, n_claims - attempt)
+        else:
+            max_claims = max(1, 2 - (1 if attempt >= 3 else 0) - (0 if rng.random() < 0.6 else 1))
         sub = random.Random(rng.random())
         qs, hits = solver_plan(ctx, sub, query, n) if n else ([], [])
         answer = answer_for(ctx, sub, query, hits, rubric, max_claims)

@@ -82,13 +82,22 @@ def search_queries(rng: random.Random, query: str, n: int, known_ids: frozenset[
 
 def first_sentence(text: str, max_words: int = 10) -> str:
     """A readable leading sentence of a passage (skipping code-like lines), cleaned and capped."""
+    found = passage_sentences(text, 1, max_words)
+    return found[0] if found else ""
+
+
+def passage_sentences(text: str, n: int, max_words: int = 10) -> list[str]:
+    """Up to ``n`` readable sentences of a passage in order (code-like lines skipped), cleaned and capped."""
+    out: list[str] = []
     for s in _SENT_SPLIT_RE.split(text):
         s = _clean(s)
         letters = sum(c.isalpha() for c in s)
         if len(s.split()) >= 3 and letters >= 0.6 * max(len(s), 1) and "import " not in s and ">>>" not in s:
             s = _words_cap(s, max_words).rstrip(" .,:;")
-            return s[0].upper() + s[1:] + "."
-    return ""
+            out.append(s[0].upper() + s[1:] + ".")
+            if len(out) >= n:
+                break
+    return out
 
 
 def lower_first(s: str) -> str:

@@ -11,7 +11,7 @@ import time
 
 from omegaconf import DictConfig, OmegaConf
 
-from score_lightning.sft.demo_types import Demo, DemoBudgets
+from score_lightning.sft.demo_types import Demo, DemoBudgets, ReportShape
 from score_lightning.sft.demos import build_demos, demo_summary
 from score_lightning.sft.workflow_demos import WorkflowDemoSpec, workflow_kinds
 
@@ -36,6 +36,7 @@ def build_sft_demos(cfg: DictConfig, tokenizer, retriever=None) -> tuple[list[De
         int(s.num_scoring_demos), seed=int(s.seed), base_state=base, per_prompt=per,
         extra=workflow_kinds(WorkflowDemoSpec.from_cfg(cfg)),  # solver.agent=mams / reward.step=rubric only
         scoring_contrast=float(s.get("scoring_contrast", 0.0)),
+        report=ReportShape.from_cfg(s.get("report")),  # None: the short answers of the packaged tiny cold start
     )
     max_len = int(s.max_seq_len)
     kept = [d for d in demos if d.num_tokens <= max_len]
