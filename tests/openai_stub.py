@@ -110,9 +110,18 @@ class OpenAIStub:
                 with stub._lock:
                     stub.in_flight += 1
                     stub.in_flight_max = max(stub.in_flight_max, stub.in_flight)
+                self._held = True
                 try:
                     self._answer(request)
                 finally:
+                    self._release()
+
+            def _release(self) -> None:
+                """The request stops being in flight once: before its reply's first byte is written (a client
+                that reads the reply may send its next request at once, and this thread's bookkeeping must not
+                count that overlap), or when the handler ends without replying."""
+                if getattr(self, "_held", False):
+                    self._held = False
                     with stub._lock:
                         stub.in_flight -= 1
 
@@ -148,6 +157,7 @@ class OpenAIStub:
                 self._send_bytes(status, json.dumps(payload).encode(), headers)
 
             def _send_bytes(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+                self._release()
                 try:
                     self.send_response(status)
                     for name, value in (headers or {}).items():
