@@ -8,7 +8,6 @@ the packaged tiny cold start's key (its demos are pinned by ``test_cold_start_as
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 from statistics import mean
 
 import pytest
@@ -27,10 +26,8 @@ from score_lightning.sft.research_report import round_robin_findings
 from score_lightning.sft.solver_demos import visible_passages
 from score_lightning.sft.text import _clean
 
-BUDGETS = DemoBudgets(max_prompt_tokens=1024, solver_max_response_tokens=768, solver_max_tool_calls=3,
-                      max_observation_tokens=64, topk=2, max_rubric_tokens=192, evaluator_max_response_tokens=768,
-                      evaluator_max_tool_calls=1, max_report_tokens=384, num_rollouts=4, scoring="pointwise",
-                      show_retrieved=True)
+#: smol_score's budgets (768 response tokens, 3 searches, 384-token reports, pointwise with sources shown)
+BUDGETS = DemoBudgets.from_cfg(compose(["experiment=smol_score"]))
 BASE = HarnessState.from_dict({"dimension_constraints": {"k": 3, "must_include": ["factual_support"],
                                                          "weight_min": 0.1, "weight_max": 0.6}})
 SHAPE = ReportShape(claims=(3, 5), searches=(2, 3))
@@ -122,5 +119,6 @@ def test_a_null_report_leaves_the_key_and_a_shape_changes_it(tiny_ckpt, cache_di
     assert base.sft.report is None and "report" not in sft_key_inputs(base, str(tiny_ckpt))["sft"]
     shaped = compose(["experiment=tiny_score", f"paths.cache_dir={cache_dir}",
                       "sft.report={claims:[3,5],searches:[1,3]}"])
-    assert sft_key_inputs(shaped, str(tiny_ckpt))["sft"]["report"] == {"claims": [3, 5], "searches": [1, 3]}
-    assert replace(BUDGETS) == BUDGETS  # the report shape is no budget: DemoBudgets (also keyed) is unchanged
+    shaped_inputs, base_inputs = sft_key_inputs(shaped, str(tiny_ckpt)), sft_key_inputs(base, str(tiny_ckpt))
+    assert shaped_inputs["sft"]["report"] == {"claims": [3, 5], "searches": [1, 3]}
+    assert shaped_inputs["budgets"] == base_inputs["budgets"]  # the shape is keyed once, under sft, not as a budget

@@ -8,6 +8,7 @@ from pathlib import Path
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from score_lightning.launch.config_validation.values import Checks, integer, number
+from score_lightning.sft.demo_types import ReportShape
 
 _DTYPES = {"float32", "fp32", "bfloat16", "bf16", "float16", "fp16"}  # models.resolve_dtype (no torch import here)
 #: significant bits of each low-precision dtype (the stored mantissa plus the implicit one)
@@ -159,15 +160,6 @@ def check_frozen_bottom_reuse(c: Checks) -> None:
               "frozen bottom to run once; set model.trainable_layers=N or optim.reuse_frozen_bottom=false")
 
 
-def _report_shape(v) -> bool:
-    if v is None:
-        return True
-    try:
-        return all(len(v[k]) == 2 and 1 <= int(v[k][0]) <= int(v[k][1]) for k in ("claims", "searches"))
-    except (KeyError, TypeError, ValueError):
-        return False
-
-
 def check_sft(c: Checks) -> None:
     """Refuse the tiny model's cold-start settings on a pretrained checkpoint, naming the keys and the fix."""
     if c.get("sft") is None:
@@ -177,9 +169,11 @@ def check_sft(c: Checks) -> None:
       "null (all weights train) or an integer >= 1 (the top N decoder layers and the final norm train)")
     c("sft.scoring_contrast", lambda v: not isinstance(v, bool) and 0.0 <= float(v) <= 1.0,
       "a share in [0, 1] of scoring prompts built as one report and its minimal edits")
-    if not _report_shape(c.get("sft.report")):
+    try:  # the demo builder's own reading of the shape, so the two cannot disagree
+        ReportShape.from_cfg(c.get("sft.report"))
+    except (KeyError, TypeError, ValueError) as e:
         c.add(f"sft.report={c.get('sft.report')!r}: allowed null (short answers) or "
-              "{claims: [lo, hi], searches: [lo, hi]} with 1 <= lo <= hi")
+              f"{{claims: [lo, hi], searches: [lo, hi]}} with 1 <= lo <= hi ({e})")
     if c.get("sft.lora.enabled", False) is True and c.get("sft.trainable_layers") is not None:
         c.add("sft.lora.enabled=true with sft.trainable_layers: choose one way to train a part of the model in the "
               "cold start (adapters in every layer, or the top N layers)")
