@@ -8,7 +8,8 @@
 in the trainer's process; asynchronous, the rollout worker owns its engine.
 
 Each side is a fresh ``python src/train.py`` process of the same recipe (``experiment=tiny_score``, and
-``experiment=smol_score`` when its converted checkpoint and cached cold start exist: ``--smol auto``; ``on``
+``experiment=smol_score`` (``smol_score_vllm`` with ``--engine vllm``) when its converted checkpoint and cached
+cold start exist: ``--smol auto``; ``on``
 builds them, ~40 minutes; ``off`` skips it), the same seed, steps and ``threads.num`` (the async side splits
 it between trainer and worker, so both use the same cores). Run it on a quiet machine: on a shared one the
 times compare nothing.
@@ -95,6 +96,12 @@ def timed(rec: dict) -> tuple[float, float]:
     return s[-1]["t"] - s[0]["t"], sum(x["tokens"] for x in s[1:])
 
 
+def median_step(rec: dict) -> float:
+    """The median of steps 1..N-1's durations (each from the end of the step before)."""
+    t = [x["t"] for x in rec["steps"]]
+    return statistics.median(b - a for a, b in zip(t, t[1:]))
+
+
 def equal_work_problems(sync: dict, asyn: dict) -> list[str]:
     """Why the two runs did not do the same work (empty: they did)."""
     problems = []
@@ -141,11 +148,13 @@ def compare(experiment: str, steps: int, reps: int, seed: int, threads: int, out
         stale = max(stale, max(x["staleness_max"] for x in recs["async"]["steps"]))
         ratio = (ts / max(ns, 1.0)) / (ta / max(na, 1.0))
         ratios.append(ratio)
+        med = {m: median_step(recs[m]) for m in SIDES}
         print(f"{experiment} rep {rep + 1}/{reps}: sync {ts:.2f} s for {ns:.0f} generated tokens "
               f"(steps 1..{steps - 1}; {recs['sync']['wall_s']:.1f} s in all), async {ta:.2f} s for {na:.0f} tokens "
               f"({recs['async']['wall_s']:.1f} s in all); threads sync {recs['sync']['threads']}, async "
               f"{recs['async']['threads']} + worker {recs['async']['worker_threads']}; time ratio {ts / ta:.3f}, "
-              f"per generated token {ratio:.3f}" + ("" if not found else f"; NOT EQUAL WORK: {found}"), flush=True)
+              f"per generated token {ratio:.3f}; median step sync {med['sync']:.1f} s, async {med['async']:.1f} s"
+              + ("" if not found else f"; NOT EQUAL WORK: {found}"), flush=True)
     return (statistics.median(ratios) if not problems else None), stale, problems
 
 
@@ -199,7 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     smol: float | str | None = "n/a"
     ok, why = (a.smol == "on", f"--smol {a.smol}") if a.smol != "auto" else smol_available(cache)
     if ok:
-        smol, s2, more = compare("smol_score", a.smol_steps, a.reps, a.seed, a.threads, out, a.override)
+        # on vLLM, smol_score_vllm: smol_score with the solver on vLLM and the evaluator's expected readout on HF
+        smol_recipe = "smol_score_vllm" if a.engine == "vllm" else "smol_score"
+        smol, s2, more = compare(smol_recipe, a.smol_steps, a.reps, a.seed, a.threads, out, a.override)
         stale, problems = max(stale, s2), problems + more
     else:
         print(f"smol_score skipped: {why}")

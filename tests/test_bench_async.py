@@ -55,3 +55,9 @@ def test_equal_work_is_checked_not_assumed():
     other["steps"] = other["steps"][:2]
     assert bench_async.equal_work_problems(sync, other)[0].startswith("steps: sync 3, async 2")
     assert bench_async.timed(sync) == (2.0, 20.0)  # steps 1..N-1: step 0's start-up is not timed
+
+
+def test_median_step_is_over_the_steps_after_the_first():
+    rec = _record("sync")
+    rec["steps"] = [{**s, "t": t} for s, t in zip(rec["steps"] * 2, [100.0, 130.0, 150.0, 190.0])]
+    assert bench_async.median_step(rec) == 30.0  # durations 30, 20, 40: step 0's start-up (100 s) is not one

@@ -117,6 +117,12 @@ def test_vllm_context_must_hold_an_evaluation_with_its_observations(qwen_tokeniz
         check_budgets(cfg, qwen_tokenizer)
     with pytest.raises(ConfigError, match="shorter than solver.max_prompt_tokens"):
         validate_config(compose(["experiment=qwen_score", "solver.max_prompt_tokens=12289"]))
+    # an evaluator role on HF (rollout.evaluator_engine=hf) never reaches vLLM's context: only the solver's counts
+    on_hf = compose(["experiment=qwen_score", "rollout.max_model_len=12288", "rollout.evaluator_engine=hf"])
+    validate_config(on_hf)
+    check_budgets(on_hf, qwen_tokenizer)
+    with pytest.raises(ConfigError, match="shorter than solver.max_prompt_tokens"):
+        validate_config(compose(["experiment=qwen_score", "rollout.evaluator_engine=hf", "rollout.max_model_len=9000"]))
 
 
 def test_given_rubrics_are_measured_from_their_file(tmp_path, tokenizer):

@@ -205,5 +205,12 @@ def test_config_validation_refuses_expected_where_it_cannot_work():
             validate_config(compose(FAST + ["evaluator.score_readout=expected", *bad]))
         assert why in str(err.value), str(err.value)
     validate_config(compose(FAST + ["evaluator.score_readout=expected", "rollout=vllm", "actor.shared=false"]))
+    # a shared actor on vLLM with its evaluator role on HF generate() (rollout.evaluator_engine=hf) reads it too
+    validate_config(compose(FAST + ["evaluator.score_readout=expected", "rollout=vllm", "rollout.evaluator_engine=hf"]))
+    with pytest.raises(ConfigError, match="grammar_fast_forward=true"):
+        validate_config(compose(FAST + ["evaluator.score_readout=expected", "rollout=vllm", "rollout.evaluator_engine=hf",
+                                        "rollout.grammar_fast_forward=false"]))
+    with pytest.raises(ConfigError, match="rollout.evaluator_engine='vlm': allowed 'vllm' or 'hf'"):
+        validate_config(compose(FAST + ["rollout=vllm", "rollout.evaluator_engine=vlm"]))
     with pytest.raises(ConfigError, match="score_readout='mean'"):
         validate_config(compose(FAST + ["evaluator.score_readout=mean"]))

@@ -4,7 +4,8 @@ Life cycle (one engine per training process, on that process's own device):
 
 * ``on_fit_start`` (after ``configure_model``): build :class:`~score_lightning.rollout.vllm_engine.VLLMEngine`
   from ``pl_module.model_path`` and install it as ``pl_module.engine``. With a shared actor
-  (``pl_module.evaluator_policy is None``) it is also ``pl_module.evaluator_engine``. A separate
+  (``pl_module.evaluator_policy is None``) it is also ``pl_module.evaluator_engine``, unless
+  ``rollout.evaluator_engine=hf`` puts the evaluator role on HF generate() over the same module. A separate
   evaluator model (``actor.shared=false``) keeps an HF engine on its own module: a second vLLM
   engine would double the rollout memory for a role that generates one rubric and one scoring pass
   per query; giving it its own engine (and its own sync) is a later step.
@@ -123,6 +124,12 @@ class VLLMRolloutCallback(Callback):
         return kw
 
     @property
+    def evaluator_on_vllm(self) -> bool:
+        """``rollout.evaluator_engine``: a shared actor's rubrics and scoring on this engine (``vllm``) or on HF
+        generate() over the same module (``hf``: the expected readout and the grammar fast-forward need its logits)."""
+        return self.cfg.get("evaluator_engine", "vllm") == "vllm"
+
+    @property
     def in_worker(self) -> bool:
         """``rollout.mode=async``: the rollout worker owns the vLLM engine, and this process holds none."""
         return self.cfg.get("mode", "sync") == "async"
@@ -134,15 +141,17 @@ class VLLMRolloutCallback(Callback):
 
         self.engine = VLLMEngine(str(pl_module.model_path), **self._engine_kwargs(trainer, pl_module))
         pl_module.engine = self.engine
-        if getattr(pl_module, "evaluator_policy", None) is None:
+        if getattr(pl_module, "evaluator_policy", None) is None and self.evaluator_on_vllm:
             pl_module.evaluator_engine = self.engine
-        else:
-            from score_lightning.rollout.hf_engine import HFEngine
+        else:  # a separate evaluator, or rollout.evaluator_engine=hf: HF generate() on the evaluator's module
+            from score_lightning.rollout.hf_engine import HFEngine, fast_forward_options
 
             tok = pl_module.tokenizer
             pl_module.evaluator_engine = HFEngine(lambda: pl_module.eval_model, tok.pad_token_id, tok.eos_token_id,
-                                                  tok, int(self.cfg.get("max_batch_size", 64)))
-        log.info("rollout engine: vLLM (started in %.1f s)", self.engine.start_s)
+                                                  tok, int(self.cfg.get("max_batch_size", 64)),
+                                                  **fast_forward_options(self.cfg))
+        log.info("rollout engine: vLLM (started in %.1f s); evaluator engine: %s", self.engine.start_s,
+                 type(pl_module.evaluator_engine).__name__)
 
     def on_train_start(self, trainer, pl_module) -> None:
         # After any checkpoint restore: the engine must sample from the weights being trained.

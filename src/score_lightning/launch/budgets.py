@@ -181,7 +181,9 @@ def check_budgets(cfg: DictConfig, tokenizer) -> ScoringBudget:
             f"+ {b.overhead_tokens} tokens of query, rubric, rules and template, measured with this tokenizer's "
             "chat template); raise evaluator.max_prompt_tokens or lower evaluator.max_report_tokens")
     max_len = OmegaConf.select(cfg, "rollout.max_model_len", default=None)
-    if OmegaConf.select(cfg, "rollout.engine") == "vllm" and max_len is not None and b.context_tokens > int(max_len):
+    on_vllm = (OmegaConf.select(cfg, "rollout.engine") == "vllm" and OmegaConf.select(cfg, "actor.shared") is not False
+               and OmegaConf.select(cfg, "rollout.evaluator_engine", default="vllm") == "vllm")
+    if on_vllm and max_len is not None and b.context_tokens > int(max_len):
         errors.append(
             f"rollout.max_model_len={max_len}: an evaluation can reach {b.context_tokens} tokens "
             f"(evaluator.max_prompt_tokens={cap} + evaluator.max_response_tokens={e.max_response_tokens} + "

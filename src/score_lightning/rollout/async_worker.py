@@ -153,8 +153,10 @@ class WorkerHost(GenerationHooks):
         if c.rollout.engine == "hf":
             return HFEngine(lambda: solver, *args, **ff), evaluator_engine
         self.vllm = _vllm_engine(self.spec, c)
-        # a shared actor scores with vLLM too; a separate evaluator keeps its HF engine, as under rollout.mode=sync
-        return self.vllm, self.vllm if bool(c.actor.shared) else evaluator_engine
+        # a shared actor scores with vLLM too, unless rollout.evaluator_engine=hf; a separate evaluator keeps its
+        # HF engine, as under rollout.mode=sync
+        on_vllm = bool(c.actor.shared) and c.rollout.get("evaluator_engine", "vllm") == "vllm"
+        return self.vllm, self.vllm if on_vllm else evaluator_engine
 
     def _extra_stream(self):
         """Dynamic sampling's own query stream, as the trainer's (one process: rank 0 of 1)."""
@@ -247,7 +249,8 @@ def worker_main(spec: WorkerSpec, requests, results) -> None:
         results.put(("error", traceback.format_exc()))
         return
     results.put(("ready", {"pid": os.getpid(), "threads": torch.get_num_threads(),
-                           "engine": type(host.engine).__name__}))
+                           "engine": type(host.engine).__name__,
+                           "evaluator_engine": type(host.evaluator_engine).__name__}))
     while True:
         msg = _next(requests, spec.parent_pid)
         if msg is None:

@@ -203,8 +203,9 @@ class RolloutPrefetcher:
                                        f"{self.proc.exitcode}") from None
                 continue
             if kind == "ready":
-                log.info("rollout worker ready (pid %d, engine %s, %d CPU thread%s)", payload["pid"],
-                         payload.get("engine", "?"), payload["threads"], "s" * (payload["threads"] != 1))
+                log.info("rollout worker ready (pid %d, engine %s, %d CPU thread%s; evaluator engine %s)",
+                         payload["pid"], payload.get("engine", "?"), payload["threads"],
+                         "s" * (payload["threads"] != 1), payload.get("evaluator_engine", "?"))
             elif kind == "error":
                 raise WorkerFailed(f"the rollout worker failed:\n{payload}")
             else:

@@ -26,6 +26,9 @@ def check_run(c: Checks) -> None:
     if c.get("strategy.name") == "fsdp":
         c("strategy.mixed_precision", one_of(None, "bf16", "bfloat16"), "null or 'bf16'")
     c("rollout.engine", one_of("hf", "vllm", "scripted"), "'hf', 'vllm' or 'scripted'")
+    if c.get("rollout.engine") == "vllm" and c.get("rollout.evaluator_engine", "vllm") not in ("vllm", "hf"):
+        c.add(f"rollout.evaluator_engine={c.get('rollout.evaluator_engine')!r}: allowed 'vllm' or 'hf' (what the "
+              "evaluator role generates with under a shared actor)")
     c("retriever.kind", one_of("bm25", "http", "mcp"), "'bm25', 'http' or 'mcp'")
     c("retriever.max_failed_steps", integer(1), "an integer >= 1")
     if c.get("retriever.kind") == "mcp":
