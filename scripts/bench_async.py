@@ -42,8 +42,9 @@ import lightning as L
 
 ROOT = Path(__file__).resolve().parents[1]
 SIDES = ("sync", "async")
-#: resolved-config keys allowed to differ between the sides: what is compared, and the timer's own file
-SIDE_KEYS = (("rollout", "mode"), ("callbacks", "bench_timer"))
+#: resolved-config keys allowed to differ between the sides: what is compared (also as the vLLM callback's copy of
+#: the rollout config), and the timer's own file
+SIDE_KEYS = (("rollout", "mode"), ("callbacks", "vllm_rollout", "rollout_cfg", "mode"), ("callbacks", "bench_timer"))
 
 
 class StepTimer(L.Callback):
