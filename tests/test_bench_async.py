@@ -42,6 +42,13 @@ def _record(mode: str) -> dict:
 def test_equal_work_is_checked_not_assumed():
     sync, asyn = _record("sync"), _record("async")
     assert bench_async.equal_work_problems(sync, asyn) == []  # only rollout.mode and the timer's file differ
+    vl_sync, vl_async = copy.deepcopy(sync), copy.deepcopy(asyn)  # rollout=vllm: its callback copies the mode
+    for rec, mode in ((vl_sync, "sync"), (vl_async, "async")):
+        rec["config"]["callbacks"]["vllm_rollout"] = {"rollout_cfg": {"mode": mode, "max_batch_size": 16}}
+    assert bench_async.equal_work_problems(vl_sync, vl_async) == []
+    vl_async["config"]["callbacks"]["vllm_rollout"]["rollout_cfg"]["max_batch_size"] = 8
+    assert bench_async.equal_work_problems(vl_sync, vl_async) == [
+        "config callbacks.vllm_rollout.rollout_cfg.max_batch_size: sync 16, async 8"]
     other = copy.deepcopy(asyn)
     other["steps"][1]["ids"] = ["7"]
     assert bench_async.equal_work_problems(sync, other) == ["step 1: sync trained queries ['1'], async ['7']"]
