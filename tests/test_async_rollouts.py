@@ -103,6 +103,7 @@ def test_staleness_1_trains_nothing_older_than_one_version(tmp_path, tiny_ckpt, 
     assert all(v >= 0 for v in _values(scalars, "time/wait_s"))
 
 
+@pytest.mark.multiprocess  # 23 s: make test-multiprocess (CI)
 def test_a_batch_older_than_max_staleness_is_regenerated(tmp_path, tiny_ckpt, corpus_file):
     """A checkpoint of a max_staleness=1 run holds step 2's batch of version 1; resumed with max_staleness=0,
     that batch is discarded and step 2 trains a fresh one of version 2."""
@@ -123,7 +124,8 @@ def test_a_batch_older_than_max_staleness_is_regenerated(tmp_path, tiny_ckpt, co
     assert rec.steps[0]["metrics"]["rollout/staleness_max"] == 0.0
 
 
-@pytest.mark.parametrize("trains", ["all", "lora", "top_layers"])
+# "all" (27 s) runs in make test-multiprocess (CI)
+@pytest.mark.parametrize("trains", [pytest.param("all", marks=pytest.mark.multiprocess), "lora", "top_layers"])
 def test_the_worker_samples_with_the_trainers_weights(tmp_path, tiny_ckpt, corpus_file, trains):
     """HF engine in the worker, weights pushed at each step boundary (only the trainable tensors). With
     max_staleness=0 the engine's log-probs equal the trainer's pi_old at every step although the weights
@@ -156,7 +158,7 @@ def test_the_worker_samples_with_the_trainers_weights(tmp_path, tiny_ckpt, corpu
     assert max(_values(s1, "rollout/mismatch_kl")[1:]) > 1e-6 > max(_values(s0, "rollout/mismatch_kl"))
 
 
-@pytest.mark.slow  # 35 s; async resume without dynamic sampling stays in the default suite (test_module)
+@pytest.mark.slow  # 35 s; async resume without dynamic sampling runs in make test-multiprocess (test_module)
 def test_async_resume_with_dynamic_sampling_is_exact(tmp_path, tiny_ckpt, corpus_file):
     """3 steps straight == 2, stop, resume to 3 under max_staleness=1: the checkpoint carries the batch in flight."""
     common = DRAWS + ["rollout.mode=async", "callbacks.model_checkpoint.every_n_steps=1"]

@@ -368,6 +368,7 @@ def test_every_loss_type_trains_tiny_score_from_the_cli_and_logs_its_loss(tmp_pa
     assert len(set(objectives.values())) == len(LOSS_TYPES), objectives  # six different objectives
 
 
+@pytest.mark.multiprocess  # a trainer and its rollout worker, 35 s: make test-multiprocess (CI)
 def test_variants_compose_with_async_rollouts_the_correction_and_the_evaluator_phase(tmp_path, tiny_ckpt):
     """gspo and cispo (the two surrogates of their own) under rollout.mode=async with a token-truncated rollout
     weight: both phases train each step, and the weights and the objective are logged. (The normalisers of the
