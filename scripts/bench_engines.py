@@ -112,6 +112,11 @@ def smol_model_dir() -> Path:
     return Path(resolve_model_path(bc.compose(["experiment=smol_score", f"paths.cache_dir={bc.CACHE}"])))
 
 
+def model_dir(name: str) -> Path:
+    """The checkpoint of ``--models`` entry ``name``, built or converted once, then cached."""
+    return Path({"tiny": bc.tiny_checkpoint, "152k": big_model_dir, "smol": smol_model_dir}[name]())
+
+
 def make_engine(kind: str, path: str, tokenizer, rows: int):
     """A project engine that ignores EOS (so every turn has exactly the forced length)."""
     if kind == "hf":
@@ -149,7 +154,7 @@ def worker(a) -> None:
     from score_lightning.rollout.agent import AgentConfig, run_agent
     from score_lightning.rollout.chat import encode_chat
 
-    path = str({"tiny": bc.tiny_checkpoint, "152k": big_model_dir, "smol": smol_model_dir}[a.worker_model]())
+    path = str(model_dir(a.worker_model))
     tok = load_tokenizer(path)
     retriever = BM25Retriever(default_corpus_path(bc.CACHE / "corpus"), bc.CACHE / "bm25")
     state = HarnessState()
@@ -204,9 +209,8 @@ def main(argv=None) -> None:
     if not models or any(m not in MODELS for m in models):
         p.error(f"--models {a.models!r}: a comma-separated list of {', '.join(MODELS)}")
     print(bc.machine_line(), flush=True)
-    builders = {"tiny": bc.tiny_checkpoint, "152k": big_model_dir, "smol": smol_model_dir}
     for m in models:
-        builders[m]()
+        model_dir(m)
     res: dict = {}
     for m in models:
         for e in ENGINES:

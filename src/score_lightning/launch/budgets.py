@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from score_lightning import protocol as P
 from score_lightning.errors import ConfigError
 from score_lightning.harness.state import HarnessState
+from score_lightning.launch.config_validation.topology import evaluator_on_vllm
 from score_lightning.roles.prompts import scoring_messages
 from score_lightning.roles.rubric import Rubric
 from score_lightning.rollout.chat import truncate_text
@@ -181,9 +182,7 @@ def check_budgets(cfg: DictConfig, tokenizer) -> ScoringBudget:
             f"+ {b.overhead_tokens} tokens of query, rubric, rules and template, measured with this tokenizer's "
             "chat template); raise evaluator.max_prompt_tokens or lower evaluator.max_report_tokens")
     max_len = OmegaConf.select(cfg, "rollout.max_model_len", default=None)
-    on_vllm = (OmegaConf.select(cfg, "rollout.engine") == "vllm" and OmegaConf.select(cfg, "actor.shared") is not False
-               and OmegaConf.select(cfg, "rollout.evaluator_engine", default="vllm") == "vllm")
-    if on_vllm and max_len is not None and b.context_tokens > int(max_len):
+    if evaluator_on_vllm(cfg) and max_len is not None and b.context_tokens > int(max_len):
         errors.append(
             f"rollout.max_model_len={max_len}: an evaluation can reach {b.context_tokens} tokens "
             f"(evaluator.max_prompt_tokens={cap} + evaluator.max_response_tokens={e.max_response_tokens} + "

@@ -155,8 +155,9 @@ class WorkerHost(GenerationHooks):
         self.vllm = _vllm_engine(self.spec, c)
         # a shared actor scores with vLLM too, unless rollout.evaluator_engine=hf; a separate evaluator keeps its
         # HF engine, as under rollout.mode=sync
-        on_vllm = bool(c.actor.shared) and c.rollout.get("evaluator_engine", "vllm") == "vllm"
-        return self.vllm, self.vllm if on_vllm else evaluator_engine
+        from score_lightning.launch.config_validation.topology import evaluator_on_vllm
+
+        return self.vllm, self.vllm if evaluator_on_vllm(c) else evaluator_engine
 
     def _extra_stream(self):
         """Dynamic sampling's own query stream, as the trainer's (one process: rank 0 of 1)."""

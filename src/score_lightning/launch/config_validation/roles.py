@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from score_lightning.launch.config_validation.topology import data_parallel_size
+from score_lightning.launch.config_validation.topology import data_parallel_size, evaluator_on_vllm
 from score_lightning.launch.config_validation.values import BOOL, Checks, integer, number, one_of
 
 
@@ -93,11 +93,10 @@ def check_score_readout(c: Checks) -> None:
     engine = c.get("rollout.engine")
     if engine == "scripted":
         why.append("an HF engine, not rollout=scripted (a script writes its values)")
-    if engine == "vllm" and c.get("actor.shared") is not False and c.get("rollout.evaluator_engine") != "hf":
+    if evaluator_on_vllm(c.cfg):
         why.append("an HF scoring engine, not vLLM (its logprobs are the sampled tokens' top-k, not the masked "
                    "value distribution; rollout.evaluator_engine=hf or actor.shared=false scores on HF)")
-    on_hf = engine == "hf" or (engine == "vllm" and c.get("rollout.evaluator_engine") == "hf")
-    if on_hf and c.get("rollout.grammar_fast_forward") is False:
+    if engine in ("hf", "vllm") and not evaluator_on_vllm(c.cfg) and c.get("rollout.grammar_fast_forward") is False:
         why.append("rollout.grammar_fast_forward=true (the fast-forward decoder reads the distribution)")
     if c.get("strategy.name") == "fsdp" and data_parallel_size(c.cfg) > 1:
         why.append("an unsharded evaluator: on a sharded module the HF engine decodes without the fast-forward")
@@ -173,10 +172,8 @@ def check_lengths(c: Checks) -> None:
     if all(isinstance(v, int) for v in solver) and sum(solver) > max_len:
         c.add(f"rollout.max_model_len={max_len}: shorter than solver.max_prompt_tokens + "
               f"solver.max_response_tokens = {sum(solver)}")
-    # the evaluator's calls reach vLLM only under a shared actor with rollout.evaluator_engine=vllm
-    on_vllm = c.get("actor.shared") is not False and c.get("rollout.evaluator_engine", "vllm") == "vllm"
     grows = scoring[0] + scoring[1] + scoring[2] * scoring[3] if all(isinstance(v, int) for v in scoring) else 0
-    if on_vllm and grows > max_len:
+    if evaluator_on_vllm(c.cfg) and grows > max_len:  # an evaluator on HF never reaches vLLM's context
         c.add(f"rollout.max_model_len={max_len}: shorter than an evaluation can grow: evaluator.max_prompt_tokens"
               f" + evaluator.max_response_tokens + evaluator.max_tool_calls x evaluator.max_observation_tokens "
               f"= {scoring[0] + scoring[1] + scoring[2] * scoring[3]} (observations are outside the "
