@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from score_lightning import protocol as P
 from score_lightning.errors import ConfigError
 from score_lightning.harness.state import HarnessState
-from score_lightning.launch.config_validation.topology import evaluator_on_vllm
+from score_lightning.rollout.modes import evaluator_on_vllm
 from score_lightning.roles.prompts import scoring_messages
 from score_lightning.roles.rubric import Rubric
 from score_lightning.rollout.chat import truncate_text

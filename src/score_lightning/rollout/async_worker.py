@@ -39,6 +39,7 @@ import traceback
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
+from score_lightning.rollout.modes import evaluator_on_vllm
 from score_lightning.step.generation import GenerationHooks, stamp_policy_version
 
 log = logging.getLogger(__name__)
@@ -155,8 +156,6 @@ class WorkerHost(GenerationHooks):
         self.vllm = _vllm_engine(self.spec, c)
         # a shared actor scores with vLLM too, unless rollout.evaluator_engine=hf; a separate evaluator keeps its
         # HF engine, as under rollout.mode=sync
-        from score_lightning.launch.config_validation.topology import evaluator_on_vllm
-
         return self.vllm, self.vllm if evaluator_on_vllm(c) else evaluator_engine
 
     def _extra_stream(self):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from score_lightning.launch.config_validation.topology import data_parallel_size, evaluator_on_vllm
+from score_lightning.launch.config_validation.topology import data_parallel_size
+from score_lightning.rollout.modes import evaluator_on_vllm
 from score_lightning.launch.config_validation.values import BOOL, Checks, integer, number, one_of
 
 

@@ -1,5 +1,4 @@
-"""How many processes split the global batch, and which engine the evaluator role generates on: read from the
-config alone, before any process starts."""
+"""How many processes split the global batch: read from the config alone, before any process starts."""
 
 from __future__ import annotations
 
@@ -23,9 +22,3 @@ def data_parallel_processes(devices: int | str | list, num_nodes: int, tensor_pa
     per_node = devices if isinstance(devices, int) else len(devices)
     return max(1, int(per_node) * int(num_nodes) // int(tensor_parallel_size))
 
-
-def evaluator_on_vllm(cfg: DictConfig) -> bool:
-    """The evaluator role (rubrics, scoring) generates on the vLLM engine: ``rollout=vllm``, a shared actor, and
-    ``rollout.evaluator_engine=vllm`` (its default); otherwise it runs on HF generate() over its own module."""
-    return (OmegaConf.select(cfg, "rollout.engine") == "vllm" and OmegaConf.select(cfg, "actor.shared") is not False
-            and OmegaConf.select(cfg, "rollout.evaluator_engine", default="vllm") == "vllm")
