@@ -67,6 +67,12 @@ CONDITIONS: dict[str, list[str]] = {
     "smol_score": ["experiment=smol_score"],
     "smol_rule": ["experiment=rule_smol"],
     "smol_frozen": ["experiment=smol_score", "solver.freeze=true", "actor.shared=false"],
+    # past saturation (issue 50): SmolLM2's static-rubric GRPO arm, and the rule arm on validity alone
+    "smol_grpo": ["experiment=grpo_smol"],
+    "smol_rule_valid": ["experiment=rule_smol", "reward.rule_quality=none"],
+    # tiny's programmatic upper bound on report quality: the rule reward on the query's evidence items
+    "rule_items": ["experiment=rule_tiny", "reward.rule_quality=item_recall"],
+    "rule_valid": ["experiment=rule_tiny", "reward.rule_quality=none"],
 }
 DEFAULT = "frozen_solver,rule,grpo_baseline,score"
 CARD_KEYS = ("grounded_valid", "format_valid", "citation_precision", "coverage", "item_recall", "citations", "length")

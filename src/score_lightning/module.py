@@ -41,6 +41,7 @@ from score_lightning.step.reward_assembly import RewardSettings, StepRewards
 from score_lightning.step.rollouts import RolloutSettings, scoring_rollouts
 from score_lightning.step.samples import step_samples
 from score_lightning.step.scalars import StepScalars
+from score_lightning.step.scoring_reward import ScoringRewardStage
 from score_lightning.step.solver_update import GRPOSettings, solver_update
 from score_lightning.step.step_rewards import StepRewardStage
 from score_lightning.step.types import StepRollouts
@@ -88,6 +89,7 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Li
         self.grpo_settings = GRPOSettings.from_cfg(cfg)
         self.reinforce_settings = ReinforceSettings.from_cfg(cfg)
         self.step_stage = StepRewardStage.from_cfg(cfg)  # reward.step=rubric: ARCO-style step judgements
+        self.scoring_stage = ScoringRewardStage.from_cfg(cfg)  # evaluator.scoring_reward: the scoring tokens train
         self.sampling = DynamicSampling.from_cfg(cfg)  # solver.dynamic_sampling: DAPO's draws until B groups teach
         #: rollout.mode=async: the worker that generates the next step's batch during this step's update
         self.prefetch = RolloutPrefetcher(cfg, model_path, tokenizer_path or model_path) if asynchronous(cfg) else None
@@ -126,6 +128,7 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Li
         judged = check_judgements(rw.judge, float(c.judge.max_failed_rate), c.callbacks.model_checkpoint.dirpath) \
             if uses_judge(c) else {}  # too many failed judgements stop the run here, before any update
         st = self.step_stage.judge(self.evaluator_engine, self.tokenizer, ro, rw, sc)  # no-op for reward.step=none
+        sj = self.scoring_stage.judge(ro, rw, self.K, sc)  # no-op for evaluator.scoring_reward=none
         t2 = time.perf_counter()
         record_rewards(sc, ro, rw, self.K, self.reward_settings.verifier_enabled, self.reward_settings.zero)
         record_rollouts(sc, ro)
@@ -153,6 +156,7 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Li
         advantages, r_eval, advantage = centre(rewards, self.baseline)
         trained, advantages = st.fold([s for (s, _), r in zip(ro.rubrics.samples, rewards) if r is not None],
                                       advantages, r_eval is not None and self.rubric_source.trains_evaluator)
+        trained, advantages = sj.fold(trained, advantages)
         due = (self.score_step + 1) % int(c.evaluator.update_every) == 0
         if trained is not None and bool(c.evaluator.enabled) and due:
             with update_scope(c, self.eval_model):  # the evaluator's own replays, freed after its update
@@ -171,7 +175,8 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Li
         metrics["throughput/tokens_per_s"] = throughput(metrics)
         report_distributions(self.trainer, ro, rw, upd, self.score_step)
         self.last_step = {"rollouts": ro, "rewards": rw, "solver": upd, "evaluator_reward": r_eval,
-                          "evaluator_advantage": advantage, "sample_rewards": rewards, "metrics": metrics}
+                          "evaluator_advantage": advantage, "sample_rewards": rewards, "scoring": sj,
+                          "metrics": metrics}
         self.stats_window.append(metrics)
         self.score_step += 1
         self.advance_global_step()

@@ -49,7 +49,8 @@ class RunStateHooks:
         checkpoint["score"] = {
             "score_step": self.score_step, "data_cursor": self.data_cursor, "baseline": self.baseline.state_dict(),
             "scheduler": self.scheduler.state_dict(), "harness_state": self.harness_state.to_dict(),
-            **self.faults.state_dict(), **self.step_stage.state_dict(), "recent": self.stats_window.state(),
+            **self.faults.state_dict(), **self.step_stage.state_dict(), **self.scoring_stage.state_dict(),
+            "recent": self.stats_window.state(),
             "rng": rng_state(),
             # every rank's RNG (dump_checkpoint runs on all ranks; rank 0 writes the file)
             "rng_per_rank": D.gather_objects(rng_state()),
@@ -69,6 +70,7 @@ class RunStateHooks:
         self.scheduler.load_state_dict(s["scheduler"])
         self.faults.load_state_dict(s)
         self.step_stage.load_state_dict(s)
+        self.scoring_stage.load_state_dict(s)
         self.stats_window.load(s.get("recent", []))
         merged: dict = {}
         for part in s.get("rubric_source") or []:

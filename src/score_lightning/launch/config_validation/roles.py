@@ -62,6 +62,7 @@ def check_evaluator(c: Checks) -> None:
       "advantage 0)")
     c("evaluator.show_retrieved", *BOOL)
     check_score_readout(c)
+    check_scoring_reward(c)
     for field in (c.get("evaluator.constrained_max_chars") or {}):
         if field not in ("think", "query", "section", "reason"):
             c.add(f"evaluator.constrained_max_chars.{field}: unknown field (think, query, section, reason)")
@@ -103,6 +104,28 @@ def check_score_readout(c: Checks) -> None:
         why.append("an unsharded evaluator: on a sharded module the HF engine decodes without the fast-forward")
     if why:
         c.add("evaluator.score_readout=expected needs " + "; ".join(why) + "; or use evaluator.score_readout=sampled")
+
+
+def check_scoring_reward(c: Checks) -> None:
+    """``evaluator.scoring_reward``: REINFORCE on the scoring tokens needs scoring the policy samples and trains."""
+    c("evaluator.scoring_reward", one_of("none", "pairwise_recall"),
+      "'none' (scoring tokens never train, the paper) or 'pairwise_recall' (REINFORCE on whether the scores order "
+      "the reports as their item_recall does)")
+    if c.get("evaluator.scoring_reward", "none") in (None, "none"):
+        return
+    why = []
+    if c.get("evaluator.enabled") is not True:
+        why.append("evaluator.enabled=true (the evaluator's update trains them)")
+    if c.get("reward.source") == "rule":
+        why.append("reward.source=evaluator (the rule reward runs no scoring)")
+    if c.get("evaluator.source") == "external":
+        why.append("evaluator.source=policy (an external judge's tokens are not the policy's)")
+    temp, scoring_temp = c.get("evaluator.temperature"), c.get("evaluator.scoring_temperature")
+    if scoring_temp is not None and scoring_temp != temp:
+        why.append(f"evaluator.scoring_temperature=null or {temp} (REINFORCE reads the log-probs at "
+                   f"evaluator.temperature; scoring sampled at {scoring_temp} is another policy's sample)")
+    if why:
+        c.add("evaluator.scoring_reward=pairwise_recall needs " + "; ".join(why) + "; or evaluator.scoring_reward=none")
 
 
 def check_reward(c: Checks) -> None:
