@@ -6,7 +6,8 @@
     python scripts/bench_evaluator.py --pair-set logs/bench_evaluator/seed1-.../pairs.jsonl experiment=given_tiny
     python scripts/bench_evaluator.py --pair-set FILE --judge-base-url http://HOST:8000/v1 --judge-model M
 
-**Pairs** (held-out queries only: the query file's ``split: heldout`` lines, the embedded set's 20). The solver
+**Pairs** (held-out queries: the query file's ``split: heldout`` lines, the embedded set's 20; ``--split train``
+builds a set on training queries instead, for the in-run probe ``callbacks.evaluator_pairs``). The solver
 (the recipe's own cold start, installed or trained as ``train.py`` does, or ``--model``) writes ``--samples``
 reports per query at the recipe's solver temperature and budgets, under the harness's fallback rubric. From them
 (:mod:`score_lightning.evaluation.pair_build`):
@@ -61,7 +62,10 @@ def _args(argv):
     ap.add_argument("--pairs", type=int, default=150, help="at most this many degraded pairs")
     ap.add_argument("--valid-pairs", type=int, default=None, help="at most this many valid pairs (default: --pairs)")
     ap.add_argument("--samples", type=int, default=8, help="solver rollouts per held-out query")
-    ap.add_argument("--queries", type=int, default=0, help="only the first N held-out queries (0: all)")
+    ap.add_argument("--queries", type=int, default=0, help="only the first N queries of the split (0: all)")
+    ap.add_argument("--split", choices=("heldout", "train"), default="heldout",
+                    help="heldout (the benchmark) or train: a pair set on training queries, for the in-run probe "
+                         "callbacks.evaluator_pairs (never a held-out measurement)")
     ap.add_argument("--model", default=None,
                     help="checkpoint directory or model preset; default: the recipe's own cold start")
     ap.add_argument("--pair-set", default=None, help="score this stored pair set (nothing is sampled)")
@@ -119,12 +123,12 @@ class _Policy:
         return self
 
 
-def _heldout(cfg, limit: int) -> list[tuple[str, str]]:
+def _queries(cfg, limit: int, split: str = "heldout") -> list[tuple[str, str]]:
     from score_lightning.data.queries import load_queries
 
-    queries = [(q.id, q.prompt) for q in load_queries(cfg.data.get("queries_path"), "heldout")]
+    queries = [(q.id, q.prompt) for q in load_queries(cfg.data.get("queries_path"), split)]
     if not queries:
-        raise SystemExit("error: the query file has no held-out queries (lines with \"split\": \"heldout\")")
+        raise SystemExit(f"error: the query file has no {split} queries (lines with \"split\": \"{split}\")")
     return queries[:limit] if limit > 0 else queries
 
 
@@ -148,7 +152,7 @@ def build(args, cfg, policy, state, retriever, out_dir: Path):
     from score_lightning.step.reward_assembly import RewardSettings
     from score_lightning.step.rollouts import RolloutSettings
 
-    queries = _heldout(cfg, args.queries)
+    queries = _queries(cfg, args.queries, args.split)
     items, items_meta = _items(cfg, queries)
     policy.load()
     torch.manual_seed(args.seed)
@@ -160,13 +164,14 @@ def build(args, cfg, policy, state, retriever, out_dir: Path):
     pairs, stats = build_pairs(samples, items, random.Random(args.seed), max_degraded=args.pairs,
                                max_valid=args.pairs if args.valid_pairs is None else args.valid_pairs,
                                known_ids=known, min_chars=reward.min_answer_chars)
-    print(f"sampled {len(samples)} reports on {len(queries)} held-out queries in {time.perf_counter() - t0:.0f}s: "
+    print(f"sampled {len(samples)} reports on {len(queries)} {args.split} queries in {time.perf_counter() - t0:.0f}s: "
           f"{stats.grounded_valid} grounded-valid ({stats.distinct_valid} distinct); edits skipped {stats.skipped}",
           flush=True)
     path = out_dir / "pairs.jsonl"
     meta = {"seed": args.seed, "samples": args.samples, "max_pairs": args.pairs, "max_valid_pairs": args.valid_pairs,
             "model": str(policy.path), "recipe_model": args.model is None, "overrides": list(args.overrides),
-            "solver_temperature": float(cfg.solver.temperature), "heldout_queries": len(queries),
+            "solver_temperature": float(cfg.solver.temperature), "split": args.split,
+            f"{args.split}_queries": len(queries),
             "reports": len(samples), "grounded_valid": stats.grounded_valid, "distinct_valid": stats.distinct_valid,
             "skipped_edits": stats.skipped, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), **items_meta}
     return pairs, path, write_pair_set(path, pairs, meta)

@@ -39,8 +39,33 @@ def check_run(c: Checks) -> None:
     c("harness.enabled", *BOOL)
     check_harness(c)
     c("callbacks.preemption.grace_s", number(0.0), "a number of seconds >= 0")
+    check_evaluator_pairs(c)
     c("debug.nan_grad_steps", lambda v: all(isinstance(x, int) and x >= 0 for x in v), "a list of SCORE step numbers")
     check_files(c)
+
+
+def check_evaluator_pairs(c: Checks) -> None:
+    """``callbacks.evaluator_pairs`` (the in-run evaluator probe): a stored pair set, one process, sync rollouts."""
+    if c.get("callbacks.evaluator_pairs") is None:
+        return
+    c("callbacks.evaluator_pairs.every_n_steps", integer(0), "an integer >= 0 (0: off)")
+    every = c.get("callbacks.evaluator_pairs.every_n_steps")
+    if not isinstance(every, int) or every <= 0:
+        return
+    path = c.get("callbacks.evaluator_pairs.pair_set")
+    if not path:
+        c.add("callbacks.evaluator_pairs.every_n_steps > 0 needs callbacks.evaluator_pairs.pair_set: a stored pair set "
+              "(python scripts/bench_evaluator.py --split train ... writes one)")
+    else:
+        from score_lightning.evaluation.pair_set import PairSetError, read_pair_set
+
+        try:
+            read_pair_set(path)
+        except PairSetError as exc:
+            c.add(f"callbacks.evaluator_pairs.pair_set: {exc}")
+    if c.get("rollout.mode") == "async":
+        c.add("callbacks.evaluator_pairs with rollout.mode=async: the rollout worker holds the engine; use "
+              "rollout.mode=sync, or score checkpoints with scripts/bench_evaluator.py --model")
 
 
 def check_harness(c: Checks) -> None:
