@@ -15,6 +15,7 @@ from score_lightning.roles.step_judge import StepJudgeError, judgement_train_mas
 from score_lightning.rollout.agent import AgentConfig, run_agent
 from score_lightning.rollout.chat import encode_chat
 from score_lightning.rollout.mams import MamsConfig, run_mams
+from score_lightning.roles.step_judge import step_messages
 from score_lightning.rollout.scripted import ProtocolResponder, ScriptedEngine
 from score_lightning.rollout.search_steps import search_steps
 from score_lightning.step.solver_rows import TokenBonus, token_advantages, training_rows
@@ -80,6 +81,9 @@ def test_mams_masks_rows_and_ids_are_exact(tokenizer, bm25):
     assert traj.response_ids == [t for s in traj.segments for t in s.response_ids]
     assert traj.response_mask == [1] * len(traj.response_ids)
     assert traj.search_queries == [words] and traj.step_doc_ids[0] == traj.retrieved_ids
+    # the text the search showed its state role: every retrieved id's line head is in it (a MaMs step judge reads it)
+    shown = search_steps(traj, tokenizer)[0].passages
+    assert shown == traj.step_passages[0] and all(f"[{d}]" in shown for d in traj.retrieved_ids)
     assert traj.model_text(tokenizer).startswith("<answer>") and traj.model_text(tokenizer).endswith("</answer>")
     rows = training_rows([traj, traj])
     assert rows.owner == [0] * len(roles) + [1] * len(roles) and rows.of([1]) == list(range(len(roles), 2 * len(roles)))
@@ -113,6 +117,10 @@ def test_react_search_steps_are_the_turns_that_searched(tokenizer):
     steps = search_steps(traj, tokenizer)
     assert [s.query for s in steps] == ["json dumps", "pickle loads"] and steps[1].earlier == ("json dumps",)
     assert [s.doc_ids for s in steps] == [("doc.json",), ("doc.pickle",)]
+    # the passages each search showed, as the step judge reads them (ARCO judges what a step retrieved)
+    assert [s.passages for s in steps] == ["[doc.json] passage about json dumps", "[doc.pickle] passage about pickle loads"]
+    user = step_messages("question", steps[1].earlier, steps[1].query, steps[1].doc_ids, steps[1].passages)[1]
+    assert user["content"].endswith("It retrieved: [doc.pickle]\n\nWhat it showed:\n[doc.pickle] passage about pickle loads")
     assert [tokenizer.decode(traj.response_ids[s.start:s.end]) for s in steps] == [turns[0], turns[2]]
     assert all(traj.response_mask[s.start:s.end] == [1] * (s.end - s.start) for s in steps)
 

@@ -96,12 +96,14 @@ def parse_step_judgement(text: str) -> StepJudgeParse:
     return StepJudgeParse(True, criterion, rel, nov)
 
 
-def step_messages(query: str, earlier: Sequence[str], search: str, doc_ids: Sequence[str]) -> list[Message]:
-    """System: the step-eval format. User: the question, the earlier searches, this search and its result ids."""
+def step_messages(query: str, earlier: Sequence[str], search: str, doc_ids: Sequence[str],
+                  passages: str = "") -> list[Message]:
+    """System: the step-eval format. User: the question, the earlier searches, this search, its result ids and the
+    passages it showed (ARCO's step judge reads what the step retrieved, not only its ids)."""
     before = "\n".join(f"{i}. {q}" for i, q in enumerate(earlier, 1)) or "(none)"
     found = " ".join(f"[{d}]" for d in doc_ids) or "(nothing)"
     user = (f"Question: {query.strip()}\n\nEarlier searches:\n{before}\n\nThis search: {search.strip()}\n\n"
-            f"It retrieved: {found}")
+            f"It retrieved: {found}" + (f"\n\nWhat it showed:\n{passages.strip()}" if passages.strip() else ""))
     return [{"role": "system", "content": STEP_SYSTEM}, {"role": "user", "content": user}]
 
 

@@ -220,6 +220,7 @@ def _observe(runs: list[_Run], retriever: Retriever | None, cfg: MamsConfig, tok
                               cfg.max_observation_tokens)
         doc_ids = shown_ids(found, "".join(r.chunks)) if not failed else []  # retrieved = shown to the state role
         r.traj.step_doc_ids.append(doc_ids)
+        r.traj.step_passages.append("".join(r.chunks) if not failed else "")
         r.traj.retrieved_ids.extend(d for d in doc_ids if d not in r.traj.retrieved_ids)
         r.chunk_total = len(r.chunks)
         r.needs_report = True

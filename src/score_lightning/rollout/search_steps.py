@@ -6,7 +6,9 @@ rollout records it, with the retrieved ids). For a ReAct trajectory they are fou
 so the ReAct loop stays unchanged: a model turn is a maximal run of mask-1 tokens, a turn followed
 by an observation that parses as a search is step j (in order of ``search_queries``), and the ids
 it retrieved are the ``[doc_id]`` line heads of that observation (as ``format_observation`` writes
-them, so only passages visible within the observation budget count).
+them, so only passages visible within the observation budget count). ``passages`` is the text the step showed:
+the observation's body (ReAct) or what the search role's state update read (MaMs), so a step judge reads what it
+judges, not only the ids.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from score_lightning import protocol as P
 from score_lightning.rollout.agent import parse_search_action
 from score_lightning.rollout.trajectory import Trajectory
 
@@ -28,6 +31,7 @@ class SearchStep:
     query: str
     earlier: tuple[str, ...]
     doc_ids: tuple[str, ...]
+    passages: str  # the text the search showed (its passages, cut to the observation budget)
     row: int  # the trajectory's training row holding the tokens (0 for ReAct, the segment for MaMs)
     start: int  # response token offsets of the step's turn in that row
     end: int
@@ -41,7 +45,8 @@ def search_steps(traj: Trajectory, tokenizer) -> list[SearchStep]:
         for row, seg in enumerate(traj.segments):
             if seg.step is not None and seg.step < len(qs):
                 ids = traj.step_doc_ids[seg.step] if seg.step < len(traj.step_doc_ids) else []
-                out.append(SearchStep(seg.step, qs[seg.step], tuple(qs[:seg.step]), tuple(ids), row, 0,
+                shown = traj.step_passages[seg.step] if seg.step < len(traj.step_passages) else ""
+                out.append(SearchStep(seg.step, qs[seg.step], tuple(qs[:seg.step]), tuple(ids), shown, row, 0,
                                       len(seg.response_ids)))
         return out
     runs = _runs(traj.response_mask)
@@ -53,10 +58,16 @@ def search_steps(traj: Trajectory, tokenizer) -> list[SearchStep]:
         if action.kind != "search" or action.query != qs[len(out)]:
             continue
         o_start, o_end, _ = runs[n + 1]
-        ids = tuple(dict.fromkeys(_OBS_ID_RE.findall(tokenizer.decode(traj.response_ids[o_start:o_end]))))
+        shown = tokenizer.decode(traj.response_ids[o_start:o_end])
+        ids = tuple(dict.fromkeys(_OBS_ID_RE.findall(shown)))
         j = len(out)
-        out.append(SearchStep(j, qs[j], tuple(qs[:j]), ids, 0, start, end))
+        out.append(SearchStep(j, qs[j], tuple(qs[:j]), ids, observation_body(shown), 0, start, end))
     return out
+
+
+def observation_body(text: str) -> str:
+    """The passages of a decoded observation, without its tags and surrounding newlines."""
+    return text.strip().removeprefix(P.OBS_OPEN).removesuffix(P.OBS_CLOSE).strip()
 
 
 def _runs(mask: list[int]) -> list[tuple[int, int, int]]:

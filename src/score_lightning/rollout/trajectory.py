@@ -64,6 +64,8 @@ class Trajectory:
     report: str | None = None
     #: MaMs: the document ids each search step retrieved, aligned with ``search_queries``
     step_doc_ids: list[list[str]] = field(default_factory=list)
+    #: MaMs: the text each search step showed its state role (the passages within the observation budget)
+    step_passages: list[str] = field(default_factory=list)
     #: ``evaluator.score_readout=expected``: (index in ``response_ids``, expected value 0..10) of each score value
     #: it wrote, in order (:mod:`~score_lightning.rollout.value_readout`)
     value_readouts: list[tuple[int, float]] = field(default_factory=list)

@@ -14,10 +14,12 @@ import random
 
 from score_lightning.roles.step_judge import STEP_EVAL_CLOSE, STEP_EVAL_OPEN, STEP_RUBRIC_CLOSE, STEP_RUBRIC_OPEN
 from score_lightning.roles.step_judge import parse_step_judgement, step_messages
+from score_lightning.rollout.agent import format_observation
 from score_lightning.rollout.chat import encode_chat
+from score_lightning.rollout.search_steps import observation_body
 from score_lightning.sft.context import DemoContext
 from score_lightning.sft.demo_types import Demo, encode
-from score_lightning.sft.solver_demos import solver_plan, visible_evidence
+from score_lightning.sft.solver_demos import solver_plan
 from score_lightning.sft.text import query_entities, query_keywords
 
 STEP = "step"
@@ -53,8 +55,8 @@ def step_group(ctx: DemoContext, rng: random.Random, query: str, n: int, max_tok
         other_qs, _ = solver_plan(ctx, rng, other, 1)
         search = other_qs[0]
     step_hits = ctx.retriever.search([search], ctx.b.topk)[0]
-    doc_ids = [e.doc_id for e in visible_evidence(ctx.tok, step_hits, ctx.b.max_observation_tokens)]
-    prompt = encode_chat(ctx.tok, step_messages(query, earlier, search, doc_ids))
+    obs_ids, doc_ids = format_observation(step_hits, ctx.b.max_observation_tokens, ctx.tok)  # as the solver saw it
+    prompt = encode_chat(ctx.tok, step_messages(query, earlier, search, doc_ids, observation_body(ctx.tok.decode(obs_ids))))
     if len(prompt) > ctx.b.max_prompt_tokens:
         return []
     words = {w.lower() for w in query_keywords(query)} | {w.lower() for w in query_entities(query, ctx.known_ids)}

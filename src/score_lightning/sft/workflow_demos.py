@@ -23,7 +23,7 @@ from score_lightning.sft.mams_demos import mams_group
 from score_lightning.sft.step_demos import STEP, step_group
 
 #: Bump whenever the workflow demonstrations change (only workflow runs' caches are rebuilt).
-WORKFLOW_DEMO_VERSION = 1
+WORKFLOW_DEMO_VERSION = 2  # 2: step-judgement prompts show the step's passages
 MAMS_KINDS = ("mams_search", "mams_state", "mams_report")
 _DEFAULTS = {"mams": 240, "mams_per_prompt": 2, "step": 480, "step_per_prompt": 4}
 

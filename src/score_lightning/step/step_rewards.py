@@ -126,7 +126,7 @@ class StepRewardStage:
         k = len(ro.solver) // max(1, len(ro.queries))
         steps = [search_steps(t, tokenizer) for t in ro.solver]
         where = [(i, st) for i, ss in enumerate(steps) for st in ss]
-        prompts = [encode_chat(tokenizer, step_messages(ro.queries[i // k], st.earlier, st.query, st.doc_ids),
+        prompts = [encode_chat(tokenizer, step_messages(ro.queries[i // k], st.earlier, st.query, st.doc_ids, st.passages),
                                s.max_prompt_tokens) for i, st in where]
         gens = self._generate(engine, tokenizer, prompts)
         out = StepJudgement(bonus=[[] for _ in steps], scores=[[None] * len(ss) for ss in steps])
