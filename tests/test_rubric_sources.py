@@ -73,6 +73,21 @@ def test_rler_init_contrast_prune_and_exact_resume(tokenizer):
     assert copy.buffer["q1"].items == src.buffer["q1"].items and copy.buffer["q1"].best == "best report"
 
 
+def test_rler_initial_items_only_ablation_keeps_the_first_visits_items(tokenizer):
+    """``rubric.evolve=false`` (DR Tulu's "initial rubrics only"): no pruning, no contrast items on later visits."""
+    ctx = _ctx(tokenizer)
+    src = EvolvingRubrics(max_items=2, init_items=3, new_items=2, evolve=False)
+    first = src.step_rubrics(ctx, ["how does json.dumps work?"], ["q1"], [["doc.a"]])
+    items = list(src.buffer["q1"].items)
+    assert len(items) == 3 and len(first.samples) == 1
+    scores = torch.tensor([[0.9, 0.5, 0.1], [0.1, 0.5, 0.3], [0.5, 0.5, 0.2]])  # item 2 has std 0: kept anyway
+    stats = src.observe(ctx, ["q"], ["q1"], [scores], [["best report", "worst report", "mid"]], [[2.0, 0.5, 1.0]])
+    assert src.buffer["q1"].items == items and stats["rubric/items_removed"] == 0.0
+    again = src.step_rubrics(ctx, ["how does json.dumps work?"], ["q1"], [["doc.a"]])
+    assert src.buffer["q1"].items == items and again.samples == [] and again.stats["rubric/items_added"] == 0.0
+    assert again.per_query[0].dims == ("i1", "i2", "i3")
+
+
 # ----------------------------------------------------------------------------- given rubrics
 def _write(path, rows) -> str:
     path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")

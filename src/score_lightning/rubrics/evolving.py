@@ -13,6 +13,9 @@ The writer is the evaluator role (its item tokens are trained by REINFORCE on th
 of its query) or an external OpenAI-compatible model (``writer=external``; nothing to train).
 Simplified from DR Tulu: new items are scored from the step they are written in and pruned with
 the others after that step's scoring; the buffer is saved in checkpoints and resumes exactly.
+
+``evolve=false`` is DR Tulu's ablation "initial rubrics only": each query's items are written once, on its
+first visit, and then kept as they are (no contrast items, no pruning).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class EvolvingRubrics:
     max_tokens: int = 256  # item-writing generation budget
     passages: int = 3  # search results shown to the writer at initialisation
     max_report_chars: int = 1200  # best / worst report excerpts in the contrast prompt
+    evolve: bool = True  # false: the initial items only (DR Tulu's ablation): no contrast items, no pruning
     writer: str = "evaluator"  # evaluator | external
     external: dict | None = None  # ChatClient settings (base_url, model, api_key_env, ...) for writer=external
     buffer: dict[str, _Entry] = field(default_factory=dict)
@@ -85,7 +89,7 @@ class EvolvingRubrics:
             if entry is None:
                 hits = ctx.retriever.search([q], self.passages)[0] if self.passages else []
                 prompts.append(init_messages(q, [f"[{h.id}] {h.text[:300]}" for h in hits], self.init_items))
-            elif entry.best and entry.worst:
+            elif self.evolve and entry.best and entry.worst:
                 prompts.append(contrast_messages(q, entry.items, entry.best, entry.worst, self.new_items))
             else:
                 continue
@@ -148,6 +152,9 @@ class EvolvingRubrics:
                 rewards: Sequence[Sequence[float]]) -> dict[str, float]:
         """Prune by score spread and keep the best / worst reports for the next visit's contrast."""
         removed, stds = 0, []
+        if not self.evolve:  # the initial items stay as written
+            sizes = [len(self.buffer[str(q)].items) for q in query_ids if str(q) in self.buffer]
+            return {"rubric/items_removed": 0.0, "rubric/buffer_size": sum(sizes) / max(len(sizes), 1)}
         for qid, scores, group, r in zip(query_ids, item_scores, reports, rewards):
             entry = self.buffer.get(str(qid))
             if entry is None or not entry.items or scores is None or scores.shape[1] != len(entry.items):
