@@ -59,6 +59,7 @@ CONDITIONS: dict[str, list[str]] = {
     "score_async": ["experiment=tiny_score", "rollout.mode=async"],
     # rubric methods and solver workflows (same budget, same logs)
     "evolving": ["experiment=rler_tiny"],
+    "evolving_initial": ["experiment=rler_tiny", "rubric.evolve=false"],  # DR Tulu's initial-rubrics-only ablation
     "given": ["experiment=given_tiny"],
     "evorubric": ["experiment=evorubric_tiny"],
     "mams": ["experiment=mams_tiny"],

@@ -88,6 +88,37 @@ def test_rler_initial_items_only_ablation_keeps_the_first_visits_items(tokenizer
     assert again.per_query[0].dims == ("i1", "i2", "i3")
 
 
+def test_rler_contrast_shows_what_the_contrasted_reports_searches_returned(tokenizer):
+    """RLER grounds new items in the rollouts' evidence: the contrast prompt shows each report's passages, its cited
+    ones first, and they survive a resume."""
+    ctx = _ctx(tokenizer)
+    src = EvolvingRubrics(max_items=3, init_items=3, new_items=2, max_passages=2, max_passage_chars=12)
+    src.step_rubrics(ctx, ["how does json.dumps work?"], ["q1"], [["doc.a"]])
+    scores = torch.tensor([[0.9, 0.5, 0.1], [0.1, 0.4, 0.3], [0.5, 0.6, 0.2]])
+    found = [{"doc.x": "x passage text that runs long", "doc.a": "a passage", "doc.b": "b passage"},
+             {"doc.c": "c passage"}, {}]
+    calls = []
+
+    def passages():
+        calls.append(1)
+        return [found]
+
+    src.observe(ctx, ["q"], ["q1"], [scores], [["best cites [doc.a]", "worst report", "mid"]], [[2.0, 0.5, 1.0]],
+                passages=passages)
+    entry = src.buffer["q1"]
+    assert calls == [1]  # computed once, when a contrast needed it
+    assert entry.best_passages == "[doc.a] a passage\n[doc.x] x passage te"  # cited first, 2 at most, cut to 12 chars
+    assert entry.worst_passages == "[doc.c] c passage"
+    copy = EvolvingRubrics()
+    copy.load_state_dict(json.loads(json.dumps(src.state_dict())))
+    assert copy.buffer["q1"].best_passages == entry.best_passages
+    seen = []
+    ctx.engine = ScriptedEngine(tokenizer, lambda req: seen.append(req.prompt) or ProtocolResponder()(req))
+    src.step_rubrics(ctx, ["how does json.dumps work?"], ["q1"], [["doc.a"]])
+    assert "[Best report]\nbest cites [doc.a]\n\n[Passages its searches returned]\n[doc.a] a passage" in seen[0]
+    assert "[Worst report]\nworst report\n\n[Passages its searches returned]\n[doc.c] c passage" in seen[0]
+
+
 # ----------------------------------------------------------------------------- given rubrics
 def _write(path, rows) -> str:
     path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")

@@ -29,6 +29,7 @@ from score_lightning.rewards.functions import EMABaseline
 from score_lightning.step.evaluator_phase import centre, sample_rewards
 from score_lightning.step.evaluator_update import ReinforceSettings, evaluator_update
 from score_lightning.rollout.modes import asynchronous, stale_rollouts
+from score_lightning.step.citation_reward import observed_passages
 from score_lightning.step.dynamic_sampling import EXTRA_STREAM_SEED, DynamicSampling
 from score_lightning.step.evaluations import group_evaluations
 from score_lightning.step.faults import FaultMonitor
@@ -137,7 +138,8 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Li
         sc.max("solver/sampling_draws", drawn[2])
         metrics: dict[str, float] = dict(ro.rubrics.stats) | judged
         metrics.update(self.rubric_source.observe(self.rubric_context(), ro.queries, ro.query_ids, rw.item_scores,
-                                                  self._reports(rw), rw.rewards.view(-1, self.K).tolist()))
+                                                  self._reports(rw), rw.rewards.view(-1, self.K).tolist(),
+                                                  passages=lambda: self._passages(ro)))
         upd = None
         if not bool(c.solver.freeze):
             with update_scope(c, self.policy):  # frozen bottom layers run once per input; freed after this update
@@ -201,6 +203,11 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Li
             self._extra = QueryStream(dm.queries, dm.batch_size, int(self.cfg.seed) + EXTRA_STREAM_SEED, 0,
                                       self.global_rank, self.trainer.world_size)
         return self._extra
+
+    def _passages(self, ro: StepRollouts) -> list[list[dict[str, str]]]:
+        """Per query, per report: what its searches showed it, by id (the evolving rubric's contrast reads it)."""
+        shown = [observed_passages(t, self.tokenizer) for t in ro.solver]
+        return [shown[i:i + self.K] for i in range(0, len(shown), self.K)]
 
     def _reports(self, rw: StepRewards) -> list[list[str | None]]:
         return [[a.answer for a in rw.answers[i:i + self.K]] for i in range(0, len(rw.answers), self.K)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -38,7 +38,9 @@ class RubricSource(Protocol):
 
     def observe(self, ctx: RubricContext, queries: Sequence[str], query_ids: Sequence[str],
                 item_scores: Sequence[Any], reports: Sequence[Sequence[str | None]],
-                rewards: Sequence[Sequence[float]]) -> dict[str, float]: ...
+                rewards: Sequence[Sequence[float]],
+                passages: Callable[[], list[list[dict[str, str]]]] | None = None) -> dict[str, float]:
+        """``passages()`` (computed only when called): per query, per report, what its searches showed it by id."""
 
     def state_dict(self) -> dict: ...
 

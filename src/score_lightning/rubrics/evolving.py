@@ -5,7 +5,8 @@ A per-query buffer of natural-language items, each with a weight and a sign:
 * **initialisation**, the first time a query is seen: the writer reads what a search of the corpus
   returns for the query (its top passages) and writes ``init_items`` items;
 * **evolution**, on every later visit: the writer contrasts the best and the worst report of the
-  query's previous rollouts under the current items and adds ``new_items`` items;
+  query's previous rollouts under the current items, each with the passages its searches returned, and adds
+  ``new_items`` items;
 * **pruning**, after each scoring: items whose scores did not vary across the K rollouts (std 0)
   are dropped, and the buffer keeps the ``max_items`` (K_max) items with the largest score std.
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,8 @@ class _Entry:
     items: list[Item] = field(default_factory=list)
     best: str = ""
     worst: str = ""
+    best_passages: str = ""  # what the best report's searches returned (the contrast prompt shows it)
+    worst_passages: str = ""
 
 
 @dataclass
@@ -58,6 +61,8 @@ class EvolvingRubrics:
     max_tokens: int = 256  # item-writing generation budget
     passages: int = 3  # search results shown to the writer at initialisation
     max_report_chars: int = 1200  # best / worst report excerpts in the contrast prompt
+    max_passage_chars: int = 200  # each passage a contrasted report's searches returned, in the contrast prompt
+    max_passages: int = 4  # passages per contrasted report (its cited ones first)
     evolve: bool = True  # false: the initial items only (DR Tulu's ablation): no contrast items, no pruning
     writer: str = "evaluator"  # evaluator | external
     external: dict | None = None  # ChatClient settings (base_url, model, api_key_env, ...) for writer=external
@@ -90,7 +95,8 @@ class EvolvingRubrics:
                 hits = ctx.retriever.search([q], self.passages)[0] if self.passages else []
                 prompts.append(init_messages(q, [f"[{h.id}] {h.text[:300]}" for h in hits], self.init_items))
             elif self.evolve and entry.best and entry.worst:
-                prompts.append(contrast_messages(q, entry.items, entry.best, entry.worst, self.new_items))
+                prompts.append(contrast_messages(q, entry.items, entry.best, entry.worst, self.new_items,
+                                                 entry.best_passages, entry.worst_passages))
             else:
                 continue
             owners.append(qi)
@@ -149,13 +155,16 @@ class EvolvingRubrics:
     # ------------------------------------------------------------------ after the scoring
     def observe(self, ctx: RubricContext, queries: Sequence[str], query_ids: Sequence[str],
                 item_scores: Sequence[Any], reports: Sequence[Sequence[str | None]],
-                rewards: Sequence[Sequence[float]]) -> dict[str, float]:
-        """Prune by score spread and keep the best / worst reports for the next visit's contrast."""
+                rewards: Sequence[Sequence[float]],
+                passages: Callable[[], list[list[dict[str, str]]]] | None = None) -> dict[str, float]:
+        """Prune by score spread and keep the best / worst reports, with the passages their searches returned
+        (``passages()``: per query, per report, id -> text), for the next visit's contrast."""
         removed, stds = 0, []
         if not self.evolve:  # the initial items stay as written
             sizes = [len(self.buffer[str(q)].items) for q in query_ids if str(q) in self.buffer]
             return {"rubric/items_removed": 0.0, "rubric/buffer_size": sum(sizes) / max(len(sizes), 1)}
-        for qid, scores, group, r in zip(query_ids, item_scores, reports, rewards):
+        shown = None
+        for qi, (qid, scores, group, r) in enumerate(zip(query_ids, item_scores, reports, rewards)):
             entry = self.buffer.get(str(qid))
             if entry is None or not entry.items or scores is None or scores.shape[1] != len(entry.items):
                 continue
@@ -169,18 +178,30 @@ class EvolvingRubrics:
             best, worst = group[order[-1]], group[order[0]]
             if best and worst and r[order[-1]] > r[order[0]]:
                 entry.best, entry.worst = best[: self.max_report_chars], worst[: self.max_report_chars]
+                if passages is not None:
+                    shown = passages() if shown is None else shown
+                    entry.best_passages = self._passages(best, shown[qi][order[-1]])
+                    entry.worst_passages = self._passages(worst, shown[qi][order[0]])
         sizes = [len(self.buffer[str(q)].items) for q in query_ids if str(q) in self.buffer]
         return {"rubric/items_removed": float(removed), "rubric/buffer_size": sum(sizes) / max(len(sizes), 1),
                 "rubric/item_std_mean": sum(stds) / len(stds) if stds else math.nan}
 
+    def _passages(self, report: str, found: dict[str, str]) -> str:
+        """``[id] text`` lines of what a report's searches returned: the ids it cites first, then the rest."""
+        cited = [d for d in found if f"[{d}]" in report]
+        ids = (cited + [d for d in found if d not in cited])[: self.max_passages]
+        return "\n".join(f"[{d}] {found[d][: self.max_passage_chars]}" for d in ids)
+
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        return {qid: {"items": [[it.text, it.weight, it.negative] for it in e.items], "best": e.best, "worst": e.worst}
+        return {qid: {"items": [[it.text, it.weight, it.negative] for it in e.items], "best": e.best, "worst": e.worst,
+                      "best_passages": e.best_passages, "worst_passages": e.worst_passages}
                 for qid, e in self.buffer.items()}
 
     def load_state_dict(self, state: dict) -> None:
         self.buffer = {qid: _Entry([Item(t, float(w), bool(n)) for t, w, n in e["items"]], e.get("best", ""),
-                                   e.get("worst", "")) for qid, e in state.items()}
+                                   e.get("worst", ""), e.get("best_passages", ""), e.get("worst_passages", ""))
+                       for qid, e in state.items()}
 
 
 def _checked_items(text: str) -> str:

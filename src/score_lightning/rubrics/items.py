@@ -79,10 +79,17 @@ def init_messages(query: str, passages: Sequence[str], n_items: int) -> list[dic
     return [{"role": "system", "content": ITEMS_SYSTEM}, {"role": "user", "content": user}]
 
 
-def contrast_messages(query: str, current: Sequence[Item], best: str, worst: str, n_items: int) -> list[dict]:
-    """Evolution: new items that separate the best report from the worst under the current rubric."""
+def contrast_messages(query: str, current: Sequence[Item], best: str, worst: str, n_items: int,
+                      best_passages: str = "", worst_passages: str = "") -> list[dict]:
+    """Evolution: new items that separate the best report from the worst under the current rubric, each report shown
+    with the passages its searches returned (RLER grounds new items in the rollouts' evidence, not their text alone)."""
     listed = "\n".join(f"- {'(flaw) ' if it.negative else ''}{it.text}" for it in current) or "- (none)"
-    user = (f"Question: {query.strip()}\n\nCurrent rubric items:\n{listed}\n\n[Best report]\n{best.strip()}\n\n"
-            f"[Worst report]\n{worst.strip()}\n\nWrite {n_items} new rubric items, not already listed, that tell "
-            "these two reports apart (what the best does right, or what the worst does wrong).")
+
+    def shown(title: str, report: str, passages: str) -> str:
+        found = f"\n\n[Passages its searches returned]\n{passages.strip()}" if passages.strip() else ""
+        return f"[{title}]\n{report.strip()}{found}"
+
+    user = (f"Question: {query.strip()}\n\nCurrent rubric items:\n{listed}\n\n{shown('Best report', best, best_passages)}"
+            f"\n\n{shown('Worst report', worst, worst_passages)}\n\nWrite {n_items} new rubric items, not already "
+            "listed, that tell these two reports apart (what the best does right, or what the worst does wrong).")
     return [{"role": "system", "content": ITEMS_SYSTEM}, {"role": "user", "content": user}]
