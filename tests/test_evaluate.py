@@ -314,3 +314,34 @@ def test_generate_refuses_an_unloadable_model_with_one_error_block(tmp_path, cap
         assert err.startswith(f"error: --model={str(model)!r} cannot load: ") and why in err, err
         assert "fix:" in err and "Traceback" not in err
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_a_mams_run_is_rolled_out_by_its_own_workflow(base_cfg, tokenizer, tmp_path):
+    """A run trained with ``solver.agent=mams`` is evaluated by MaMs's search / state / report roles under the
+    run's ``solver.mams`` budgets (read from its run_config.json), and its settings say so; a ReAct run's settings
+    stay as they were."""
+    from score_lightning.evaluation.settings import evaluation_subset, resolve_settings
+    from score_lightning.rollout.scripted import ProtocolResponder
+    from score_lightning.rollout.scripted import ScriptedEngine as Scripted
+
+    run = evaluation_subset({"solver": {"agent": "mams", "max_tool_calls": 2, "topk": 1, "temperature": 1.0,
+                                        "mams": {"report_tokens": 150, "state_tokens": 120, "bogus": 1}}})
+    s, origin = resolve_settings({}, run, 1)
+    assert s["solver.agent"] == "mams" and origin["solver.agent"] == "run" and s["solver.mams"]["report_tokens"] == 150
+    react, _ = resolve_settings({}, evaluation_subset({"solver": {"max_tool_calls": 2}}), 1)
+    assert "solver.agent" not in react and "solver.mams" not in react
+    queries = write_queries(tmp_path / "q.jsonl", [{"id": 7, "prompt": "How does json.dumps handle non-ASCII text?"}])
+    cfg = replace(base_cfg, queries=str(queries), out=str(tmp_path / "o.jsonl"), max_tool_calls=2, topk=1,
+                  temperature=1.0, agent=s["solver.agent"], mams=s["solver.mams"])
+    engine = Scripted(tokenizer, ProtocolResponder())
+    assert generate_articles(cfg, engine=engine, tokenizer=tokenizer, retriever=SearchOnce()).generated_ids == ["7"]
+    roles = {r.role for r in engine.requests}
+    assert {"mams_search", "mams_state", "mams_report"} <= roles and "solver" not in roles  # MaMs's roles, not ReAct
+    src = read_lines(sources_path_for(cfg.out))[0]
+    assert src["search_queries"] and src["article"] and src["grounded_valid"] in (True, False)
+    sidecar = json.loads(cfg.settings_path.read_text())["settings"]
+    assert sidecar["solver.agent"] == "mams" and sidecar["solver.mams"]["report_tokens"] == 150
+    # an evaluation under the react loop is not the same evaluation: resuming it that way is refused
+    with pytest.raises(ValueError, match="solver.agent"):
+        generate_articles(replace(cfg, agent="react", mams=None), engine=engine, tokenizer=tokenizer,
+                          retriever=SearchOnce())

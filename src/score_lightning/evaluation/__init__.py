@@ -168,6 +168,7 @@ def _generate(args: argparse.Namespace) -> int:
         conclusion_line=s["solver.conclusion_line"], harness_state=s["harness.initial_state"],
         citations=s["reward.citations"], require_citation=s["reward.require_citation"],
         min_answer_chars=s["reward.min_answer_chars"], settings_source=str(source) if run else None,
+        agent=s.get("solver.agent", "react"), mams=s.get("solver.mams"),
         batch_size=args.batch_size, seed=args.seed, dtype=args.dtype, device=args.device,
         progress=not args.no_progress,
     )

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -52,10 +52,11 @@ from score_lightning.evaluation.generate_config import GenerateConfig, sources_p
 from score_lightning.evaluation.resumable import append_lines, dump_line, read_jsonl_resumable, sync_sources
 from score_lightning.evaluation.settings import describe_diff, settings_diff
 from score_lightning.harness.state import HarnessState
-from score_lightning.roles.prompts import solver_messages
+from score_lightning.roles.prompts import format_rubric, solver_messages
 from score_lightning.roles.rubric import fallback_rubric
 from score_lightning.rollout.agent import AgentConfig, run_agent
 from score_lightning.rollout.chat import encode_chat
+from score_lightning.rollout.mams import MamsConfig, run_mams
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,18 @@ def check_settings(cfg: GenerateConfig, has_articles: bool) -> dict[str, Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(now, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     return now
+
+
+def mams_config(cfg: GenerateConfig) -> MamsConfig | None:
+    """MaMs's budgets for ``cfg.agent=mams`` (the run's ``solver.mams`` over the class defaults), else None."""
+    if cfg.agent == "react":
+        return None
+    if cfg.agent != "mams":
+        raise ValueError(f"solver.agent={cfg.agent!r}: generate rolls out 'react' or 'mams'")
+    known = {f.name for f in fields(MamsConfig)}
+    budgets = {k: int(v) for k, v in (cfg.mams or {}).items() if k in known}
+    return MamsConfig(**{**budgets, "max_searches": cfg.max_tool_calls, "topk": cfg.topk, "temperature": cfg.temperature,
+                         "top_p": cfg.top_p, "conclusion_line": cfg.conclusion_line})
 
 
 def batch_seed(seed: int, ids: list[str]) -> int:
@@ -182,6 +195,7 @@ def generate_articles(
     state = HarnessState.from_dict(dict(cfg.harness_state or {}))
     rubric = fallback_rubric(state)
     rule = AnswerRule(cfg.citations, cfg.require_citation, cfg.min_answer_chars)
+    mams = mams_config(cfg)
     n = cfg.samples
 
     bar = tqdm(total=len(queries), initial=skipped, desc="generate", unit="query", disable=not cfg.progress)
@@ -195,7 +209,11 @@ def generate_articles(
                                                               cfg.conclusion_line)) for q in batch]
             prompts = [ids for ids in encoded for _ in range(n)]  # query-major: query i's samples are rows i*n..
             metas = [{"id": q.id, "sample": k} for q in batch for k in range(n)]
-            trajs = run_agent(engine, tokenizer, prompts, recorder, agent_cfg, metas)
+            if mams is not None:  # the run's own workflow: one segmented MaMs trajectory per sample
+                trajs = run_mams(engine, tokenizer, [q.prompt for q in batch for _ in range(n)],
+                                 [format_rubric(rubric, state)] * len(metas), recorder, mams, metas)
+            else:
+                trajs = run_agent(engine, tokenizer, prompts, recorder, agent_cfg, metas)
             art_lines, src_lines = [], []
             for i, q in enumerate(batch):
                 for k in range(n):

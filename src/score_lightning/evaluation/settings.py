@@ -11,7 +11,9 @@ of :data:`DEFAULTS` (an explicit flag wins; without the file, the values there):
 * sampling, ``solver.temperature`` and ``solver.top_p`` (without a run config: greedy for one sample, 1.0 for more);
 * what shapes the solver prompt: ``harness.initial_state`` (the fallback rubric and the constraints in
   the prompt), ``solver.conclusion_line`` and ``model.chat_template``;
-* the reward rule a(r): ``reward.citations``, ``reward.require_citation``, ``reward.min_answer_chars``.
+* the reward rule a(r): ``reward.citations``, ``reward.require_citation``, ``reward.min_answer_chars``;
+* the solver's workflow: a run with ``solver.agent=mams`` is rolled out by MaMs's search / state / report roles
+  under its ``solver.mams`` budgets (:data:`WORKFLOW_KEYS`; recorded only then, so ReAct settings are unchanged).
 
 Settings are a flat dict keyed by those config names (:func:`resolve_settings`). ``generate`` prints them
 as one block, writes them to ``<out>.settings.json`` (a resume under other settings is refused, so no file
@@ -52,8 +54,10 @@ BUDGET_KEYS = ("solver.max_tool_calls", "solver.max_response_tokens", "solver.ma
 _INT_KEYS = BUDGET_KEYS + ("reward.min_answer_chars",)
 _FLOAT_KEYS = ("solver.temperature", "solver.top_p")
 _BOOL_KEYS = ("solver.conclusion_line", "reward.require_citation")
-#: settings of the run that the held-out loop cannot reproduce; a warning names them
+#: the solver's workflow (``solver.agent``, default react) and MaMs's role budgets; in the settings only for MaMs
 _REACT_ONLY = ("solver.agent", "react")
+WORKFLOW_KEYS = ("solver.agent", "solver.mams")
+AGENTS = ("react", "mams")
 
 
 def _select(nested: dict, dotted: str) -> Any:
@@ -96,7 +100,10 @@ def run_values(run: dict) -> dict[str, Any]:
             value = bool(value)
         out[key] = value
     agent = _select(run, _REACT_ONLY[0])
-    if agent not in (KeyError, None, _REACT_ONLY[1]):
+    if agent == "mams":  # rolled out by its own workflow (evaluation/generate.py)
+        mams = _select(run, "solver.mams")
+        out.update({"solver.agent": "mams", "solver.mams": dict(mams) if isinstance(mams, dict) else {}})
+    elif agent not in (KeyError, None, _REACT_ONLY[1]):
         log.warning("the run used solver.agent=%s; generate rolls out the react loop (one <search>/<answer> "
                     "conversation), so this evaluation is not the run's own agent", agent)
     return out
@@ -118,6 +125,9 @@ def resolve_settings(flags: dict[str, Any], run: dict, samples: int) -> tuple[di
             settings[key], origin[key] = trained[key], "run"
         else:
             settings[key], origin[key] = default, "default"
+    for key in WORKFLOW_KEYS:  # the run's own workflow, when it was not react
+        if key in trained:
+            settings[key], origin[key] = trained[key], "run"
     if settings["solver.temperature"] is None:
         settings["solver.temperature"] = 0.0 if samples <= 1 else 1.0
     return settings, origin
@@ -213,7 +223,7 @@ def evaluation_subset(cfg) -> dict:
 
         cfg = OmegaConf.to_container(cfg, resolve=True)
     out: dict[str, Any] = {}
-    for key in (*DEFAULTS, _REACT_ONLY[0]):
+    for key in (*DEFAULTS, *WORKFLOW_KEYS):
         value = _select(cfg, key)
         if value is KeyError:
             continue
