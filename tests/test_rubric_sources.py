@@ -213,6 +213,27 @@ def test_preference_agreement_on_fixed_scores(tmp_path):
     assert reward == pytest.approx((1 + 1 + 0.5) / 3)  # two right, one tie; positions alternate
 
 
+def test_a_failed_appraisal_is_counted_and_never_a_grade_of_0(tmp_path):
+    """The hybrid reward over a real loopback endpoint: a grade mixes in; a failed appraisal leaves the agreement."""
+    from openai_stub import OpenAIStub, Reply
+
+    f = _write(tmp_path / "p.jsonl", [{"id": 0, "prompt": "q0", "chosen": "good", "rejected": "bad"}])
+    rubric = Rubric(("factual_support", "insight"), (0.5, 0.5))
+
+    def score_pairs(prompts, groups):
+        return [[[0.8, 0.8] if r == "good" else [0.2, 0.2] for r in g] for g in groups]
+
+    with OpenAIStub(content="6") as stub:
+        pref = PreferenceReward(f, pairs_per_step=1, appraisal_weight=0.5,
+                                appraisal={"base_url": stub.base_url, "model": "m", "max_retries": 0})
+        assert pref.reward(0, rubric, score_pairs, None) == pytest.approx(0.5 * 1.0 + 0.5 * 0.6)
+        stub.script(Reply(status=500))
+        assert pref.reward(1, rubric, score_pairs, None) == pytest.approx(1.0)  # agreement alone, not 0.5 * 1 + 0
+        stub.script(Reply(content="excellent"))
+        assert pref.reward(2, rubric, score_pairs, None) == pytest.approx(1.0)
+    assert pref.appraisal_failures == 2
+
+
 # ----------------------------------------------------------------------------- each mode on the CLI
 MODES = {
     "score": ([], "evaluator/consistency"),

@@ -156,6 +156,8 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Li
         rewards, consistency = sample_rewards(kind, ro, rw, sc, self.K, float(c.evaluator.invalid_rubric_reward),
                                               self._preference_value(ro) if kind == "preference" else None)
         advantages, r_eval, advantage = centre(rewards, self.baseline)
+        if kind == "preference" and self.preference is not None and self.preference.appraisal_weight > 0:
+            metrics["evaluator/appraisal_failures"] = float(self.preference.appraisal_failures)  # cumulative
         trained, advantages = st.fold([s for (s, _), r in zip(ro.rubrics.samples, rewards) if r is not None],
                                       advantages, r_eval is not None and self.rubric_source.trains_evaluator)
         trained, advantages = sj.fold(trained, advantages)

@@ -6,7 +6,9 @@ rubric itself. Here, each step ``pairs_per_step`` pairs ``{"id", "prompt", "chos
 (JSONL, validated with ``file:line`` errors) are scored by the evaluator role with the step's rubric,
 exactly as solver reports are (one scoring prompt per pair, report order alternating to cancel
 position bias). The reward is the share of pairs whose chosen report scores higher (a tie counts
-1/2), mixed as ``(1 - w) * agreement + w * appraisal / 10`` when ``appraisal_weight`` w > 0.
+1/2), mixed as ``(1 - w) * agreement + w * appraisal / 10`` when ``appraisal_weight`` w > 0. A failed
+appraisal (the endpoint's error, an unparsable reply) is counted (``appraisal_failures``) and that step's
+reward is the agreement alone: a failure is never a grade of 0.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class PreferenceReward:
     appraisal: dict | None = None  # ChatClient settings for the appraiser (base_url, model, api_key_env, ...)
     seed: int = 0
     pairs: list[dict] = field(init=False)
+    appraisal_failures: int = field(default=0, init=False)  # failed appraisals so far (logged)
 
     def __post_init__(self) -> None:
         self.pairs = load_preferences(self.path)
@@ -75,16 +78,19 @@ class PreferenceReward:
                 good, bad = (parts[1], parts[0]) if flip else (parts[0], parts[1])
                 agree.append(1.0 if good > bad else 0.5 if good == bad else 0.0)
             value = sum(agree) / len(agree)
-            if self._client is not None:
-                value = (1 - self.appraisal_weight) * value + self.appraisal_weight * self._appraise(rubric, chosen[0])
+            grade = self._appraise(rubric, chosen[0]) if self._client is not None else None
+            if grade is not None:
+                value = (1 - self.appraisal_weight) * value + self.appraisal_weight * grade
+            elif self._client is not None:
+                self.appraisal_failures += 1
         return float(D.broadcast_object(value))
 
-    def _appraise(self, rubric: Rubric, pair: dict) -> float:
-        """An LLM's 0-10 grade of the rubric for this kind of question, as a fraction (0 on failure)."""
+    def _appraise(self, rubric: Rubric, pair: dict) -> float | None:
+        """An LLM's 0-10 grade of the rubric for this kind of question, as a fraction (None: it failed)."""
         lines = "\n".join(f"- {d} ({w:.2f}): {t}" for d, w, t in zip(rubric.dims, rubric.weights,
                                                                       rubric.texts or rubric.dims))
         msgs = [{"role": "system", "content": "You grade rubrics for judging research reports. Reply with one "
                                               "integer 0-10 only."},
                 {"role": "user", "content": f"Question: {pair['prompt']}\n\nRubric:\n{lines}\n\nGrade (0-10):"}]
         outcome = self._client.ask(msgs, lambda t: min(10.0, max(0.0, float(t.strip().split()[0]))))
-        return outcome.value / 10.0 if outcome.ok else 0.0
+        return outcome.value / 10.0 if outcome.ok else None
