@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from score_lightning.glue.building import BuildingHooks
 from score_lightning.glue.outputs import OutputHooks
+from score_lightning.glue.preference import PreferenceHooks
 from score_lightning.glue.run_state import RunStateHooks
 from score_lightning.harness.scheduler import DimensionScheduler
 from score_lightning.harness.state import HarnessState
@@ -31,7 +32,6 @@ from score_lightning.step.evaluator_update import ReinforceSettings, evaluator_u
 from score_lightning.rollout.modes import asynchronous, stale_rollouts
 from score_lightning.step.citation_reward import observed_passages
 from score_lightning.step.dynamic_sampling import EXTRA_STREAM_SEED, DynamicSampling
-from score_lightning.step.evaluations import group_evaluations
 from score_lightning.step.faults import FaultMonitor
 from score_lightning.step.record import record_ranking, record_rewards, record_rollouts, record_solver_update
 from score_lightning.step.report import global_values, report_distributions, report_texts, throughput
@@ -39,7 +39,7 @@ from score_lightning.step.generation import GenerationHooks, stamp_policy_versio
 from score_lightning.step.judge_scoring import check_judgements, configure_limits, uses_judge
 from score_lightning.step.prefetch import RolloutPrefetcher, record_async
 from score_lightning.step.reward_assembly import RewardSettings, StepRewards
-from score_lightning.step.rollouts import RolloutSettings, scoring_rollouts
+from score_lightning.step.rollouts import RolloutSettings
 from score_lightning.step.samples import step_samples
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.scoring_reward import ScoringRewardStage
@@ -50,7 +50,7 @@ from score_lightning.policy.top_layers import update_scope
 
 log = logging.getLogger(__name__)
 
-class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, LightningModule):
+class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, PreferenceHooks, LightningModule):
     """The SCORE trainer. ``cfg`` is the full Hydra config (validated before construction).
 
     This file is the step; building models, engines and optimisers, the checkpointed run state, and
@@ -153,14 +153,18 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Li
                             "solver/updates": float(upd.updates)})
         # Phase 2: each rubric sample's reward (pooled over ranks), EMA-centred, REINFORCE every U steps
         kind = str(c.evaluator.reward)
-        rewards, consistency = sample_rewards(kind, ro, rw, sc, self.K, float(c.evaluator.invalid_rubric_reward),
-                                              self._preference_value(ro) if kind == "preference" else None)
+        groups = self.preference_rubric_groups() if kind == "preference" and self.preference.group_size > 1 else None
+        value = (lambda: groups.agreement) if groups is not None else self.preference_value(ro) \
+            if kind == "preference" else None
+        rewards, consistency = sample_rewards(kind, ro, rw, sc, self.K, float(c.evaluator.invalid_rubric_reward), value)
         advantages, r_eval, advantage = centre(rewards, self.baseline)
-        if kind == "preference" and self.preference is not None and self.preference.appraisal_weight > 0:
+        if kind == "preference" and self.preference.appraisal_weight > 0:
             metrics["evaluator/appraisal_failures"] = float(self.preference.appraisal_failures)  # cumulative
-        trained, advantages = st.fold([s for (s, _), r in zip(ro.rubrics.samples, rewards) if r is not None],
-                                      advantages, r_eval is not None and self.rubric_source.trains_evaluator)
+        trained, advantages = st.fold([s for (s, _), r in zip(ro.rubrics.samples, rewards) if r is not None], advantages,
+                                      r_eval is not None and self.rubric_source.trains_evaluator and groups is None)
         trained, advantages = sj.fold(trained, advantages)
+        if groups is not None:  # GRPO over each pair's rubrics trains the writer; the step's rubric only logs
+            trained, advantages = groups.fold(trained, advantages)
         due = (self.score_step + 1) % int(c.evaluator.update_every) == 0
         if trained is not None and bool(c.evaluator.enabled) and due:
             with update_scope(c, self.eval_model):  # the evaluator's own replays, freed after its update
@@ -213,16 +217,3 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Li
 
     def _reports(self, rw: StepRewards) -> list[list[str | None]]:
         return [[a.answer for a in rw.answers[i:i + self.K]] for i in range(0, len(rw.answers), self.K)]
-
-    def _preference_value(self, ro: StepRollouts):
-        """A thunk: the step's preference agreement for the step rubric (collective when called)."""
-        def score_pairs(prompts, groups):
-            rubric = ro.rubrics.first
-            trajs = scoring_rollouts(self.evaluator_engine, self.tokenizer, self.retriever, prompts, groups,
-                                     [rubric] * len(prompts), self.harness_state, self.rollout_settings)
-            evals = group_evaluations(trajs, [rubric] * len(prompts), 2, self.rollout_settings.scoring_protocol,
-                                      self.harness_state.process_constraints, self.tokenizer,
-                                      self.rollout_settings.score_readout)
-            return [g.parse.score_matrix(rubric, 2) for g in evals]
-
-        return lambda: self.preference.reward(self.score_step, ro.rubrics.first, score_pairs, self.evaluator_engine)

@@ -24,6 +24,10 @@ from score_lightning.roles.rubric import Rubric
 from score_lightning.rollout.engine import is_collective
 
 
+#: a pair's ``split`` (absent: train): training draws only ``train`` pairs; ``val`` and ``test`` are held out
+PAIR_SPLITS = ("train", "val", "test")
+
+
 def load_preferences(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.is_file():
@@ -33,9 +37,12 @@ def load_preferences(path: str | Path) -> list[dict]:
         for key in ("prompt", "chosen", "rejected"):
             if not isinstance(obj.get(key), str) or not obj[key].strip():
                 raise DataFormatError(path, lineno, f'needs a non-empty string "{key}" (fields: id, prompt, chosen, rejected)')
+        if obj.get("split", "train") not in PAIR_SPLITS:
+            raise DataFormatError(path, lineno, f'"split" must be one of {PAIR_SPLITS}, got {obj.get("split")!r}')
         pairs.append(obj)
-    if not pairs:
-        raise DataFormatError(path, 0, "no preference pairs in the file")
+    if not any(p.get("split", "train") == "train" for p in pairs):
+        raise DataFormatError(path, 0, "no training preference pairs in the file (lines without \"split\" or with "
+                                       "\"split\": \"train\")")
     return pairs
 
 
@@ -46,11 +53,14 @@ class PreferenceReward:
     appraisal_weight: float = 0.0  # weight of the LLM appraisal in the hybrid reward (0: agreement only)
     appraisal: dict | None = None  # ChatClient settings for the appraiser (base_url, model, api_key_env, ...)
     seed: int = 0
+    group_size: int = 4  # G >= 2: G rubrics per pair, written for its question, trained by GRPO; 1: the step's rubric
     pairs: list[dict] = field(init=False)
     appraisal_failures: int = field(default=0, init=False)  # failed appraisals so far (logged)
 
     def __post_init__(self) -> None:
-        self.pairs = load_preferences(self.path)
+        if int(self.group_size) < 1:
+            raise ValueError(f"evaluator.preference.group_size={self.group_size}: an integer >= 1")
+        self.pairs = [p for p in load_preferences(self.path) if p.get("split", "train") == "train"]
         self._client = None
         if self.appraisal_weight > 0:
             from score_lightning.clients.chat import ChatClient
@@ -65,25 +75,29 @@ class PreferenceReward:
         ``score_pairs(prompts, report_pairs) -> list[[2][k] scores]`` runs the evaluator's scoring on ``engine``
         (under ``evaluator.scoring``: one evaluation of the pair, or one per report) and returns each pair's scores.
         """
-        rng = random.Random(f"{self.seed}-{step}")
-        chosen = rng.sample(self.pairs, min(self.pairs_per_step, len(self.pairs)))
+        chosen = self.choose(step)
         value = None
         if D.rank() == 0 or is_collective(engine):
             flips = [i % 2 == 1 for i in range(len(chosen))]  # alternate positions: no position bias
-            groups = [[p["rejected"], p["chosen"]] if f else [p["chosen"], p["rejected"]] for p, f in zip(chosen, flips)]
-            matrices = score_pairs([p["prompt"] for p in chosen], groups)
-            agree = []
-            for rows, flip in zip(matrices, flips):
-                parts = [sum(w * s for w, s in zip(rubric.weights, row)) for row in rows]
-                good, bad = (parts[1], parts[0]) if flip else (parts[0], parts[1])
-                agree.append(1.0 if good > bad else 0.5 if good == bad else 0.0)
-            value = sum(agree) / len(agree)
-            grade = self._appraise(rubric, chosen[0]) if self._client is not None else None
-            if grade is not None:
-                value = (1 - self.appraisal_weight) * value + self.appraisal_weight * grade
-            elif self._client is not None:
-                self.appraisal_failures += 1
+            matrices = score_pairs([p["prompt"] for p in chosen], [ordered(p, f) for p, f in zip(chosen, flips)])
+            agree = [agreement(rubric, rows, flip) for rows, flip in zip(matrices, flips)]
+            value = self.hybrid(sum(agree) / len(agree), rubric, chosen[0])
         return float(D.broadcast_object(value))
+
+    def choose(self, step: int) -> list[dict]:
+        """The step's training pairs (seeded by the step, so a resumed run draws the same)."""
+        rng = random.Random(f"{self.seed}-{step}")
+        return rng.sample(self.pairs, min(self.pairs_per_step, len(self.pairs)))
+
+    def hybrid(self, agree: float, rubric: Rubric, pair: dict) -> float:
+        """(1 - w) agreement + w appraisal with an appraiser; the agreement alone when its appraisal failed."""
+        if self._client is None:
+            return agree
+        grade = self._appraise(rubric, pair)
+        if grade is None:
+            self.appraisal_failures += 1
+            return agree
+        return (1 - self.appraisal_weight) * agree + self.appraisal_weight * grade
 
     def _appraise(self, rubric: Rubric, pair: dict) -> float | None:
         """An LLM's 0-10 grade of the rubric for this kind of question, as a fraction (None: it failed)."""
@@ -94,3 +108,15 @@ class PreferenceReward:
                 {"role": "user", "content": f"Question: {pair['prompt']}\n\nRubric:\n{lines}\n\nGrade (0-10):"}]
         outcome = self._client.ask(msgs, lambda t: min(10.0, max(0.0, float(t.strip().split()[0]))))
         return outcome.value / 10.0 if outcome.ok else None
+
+
+def ordered(pair: dict, flip: bool) -> list[str]:
+    """The pair's two reports in scoring order: chosen first, or rejected first when ``flip``."""
+    return [pair["rejected"], pair["chosen"]] if flip else [pair["chosen"], pair["rejected"]]
+
+
+def agreement(rubric: Rubric, rows, flip: bool) -> float:
+    """1 when the chosen report's rubric-weighted score is higher, 1/2 on a tie, else 0."""
+    parts = [sum(w * s for w, s in zip(rubric.weights, row)) for row in rows]
+    good, bad = (parts[1], parts[0]) if flip else (parts[0], parts[1])
+    return 1.0 if good > bad else 0.5 if good == bad else 0.0

@@ -84,22 +84,30 @@ def fitted_rubric_prompt(tokenizer, queries: Sequence[str], evidence: Sequence[S
 def sample_rubric(engine: RolloutEngine, tokenizer, messages: list[dict], state: HarnessState,
                   settings: RubricSampling) -> RubricSample:
     """Generate and parse one rubric; an invalid one falls back to the harness rubric (tokens kept)."""
+    return sample_rubrics(engine, tokenizer, messages, state, settings, 1)[0]
+
+
+def sample_rubrics(engine: RolloutEngine, tokenizer, messages: list[dict], state: HarnessState,
+                   settings: RubricSampling, n: int) -> list[RubricSample]:
+    """``n`` rubrics sampled from one prompt in one generate call (a group, as GRPO over rubrics samples them)."""
     if settings.static:
-        return RubricSample(fallback_rubric(state), True)
+        return [RubricSample(fallback_rubric(state), True) for _ in range(n)]
     prompt = encode_chat(tokenizer, messages, settings.max_prompt_tokens, key="evaluator.max_prompt_tokens")
     stops = TagStops(tokenizer, [P.DIMENSIONS_CLOSE])
     params = SamplingParams(settings.max_tokens, settings.temperature, stop_token_ids=stops.token_ids,
                             stop_strings=stops.strings)
-    gen = engine.generate([prompt], params)[0]
-    ids = list(gen.token_ids)
-    parsed = parse_rubric(tokenizer.decode(ids), state, settings.weight_sum_tol)
-    ok = parsed.valid and parsed.rubric is not None
-    return RubricSample(
-        rubric=parsed.rubric if ok else fallback_rubric(state),  # type: ignore[arg-type]
-        valid=ok, error="" if ok else parsed.error, prompt_ids=prompt, response_ids=ids,
-        train_mask=train_mask(tokenizer, ids), truncated=gen.finish_reason == "length",
-        engine_logprobs=list(gen.logprobs) if gen.logprobs is not None else None,
-    )
+    out = []
+    for gen in engine.generate([prompt] * n, params):
+        ids = list(gen.token_ids)
+        parsed = parse_rubric(tokenizer.decode(ids), state, settings.weight_sum_tol)
+        ok = parsed.valid and parsed.rubric is not None
+        out.append(RubricSample(
+            rubric=parsed.rubric if ok else fallback_rubric(state),  # type: ignore[arg-type]
+            valid=ok, error="" if ok else parsed.error, prompt_ids=prompt, response_ids=ids,
+            train_mask=train_mask(tokenizer, ids), truncated=gen.finish_reason == "length",
+            engine_logprobs=list(gen.logprobs) if gen.logprobs is not None else None,
+        ))
+    return out
 
 
 def sample_step_rubric(engine: RolloutEngine, tokenizer, queries: Sequence[str],

@@ -119,6 +119,13 @@ def check_files(c: Checks) -> None:
                 load_preferences(path)
             except DataFormatError as exc:
                 c.add(f"evaluator.preferences_path: {exc}")
+        c("evaluator.preference.group_size", integer(1), "an integer >= 1 (1: the step's rubric scores the pairs; G >= 2: "
+          "G rubrics per pair, written for its question, trained by GRPO)")
+        group = c.get("evaluator.preference.group_size")
+        if isinstance(group, int) and group > 1 and not str(c.get("rubric._target_") or "").endswith("ScoreRubrics"):
+            c.add(f"evaluator.preference.group_size={group} with rubric={str(c.get('rubric._target_')).rsplit('.', 1)[-1]}:"
+                  " each pair's group of rubrics is written as SCORE's rubric (dimensions and weights from the pool); "
+                  "use rubric=score, or group_size=1")
 
 
 def check_items(c: Checks) -> None:
