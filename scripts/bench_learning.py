@@ -62,6 +62,7 @@ CONDITIONS: dict[str, list[str]] = {
     "evolving_initial": ["experiment=rler_tiny", "rubric.evolve=false"],  # DR Tulu's initial-rubrics-only ablation
     "given": ["experiment=given_tiny"],
     "evorubric": ["experiment=evorubric_tiny"],
+    "preference": ["experiment=preference_tiny"],
     "mams": ["experiment=mams_tiny"],
     "arco": ["experiment=arco_tiny"],
     # a real pretrained model (SmolLM2-135M-Instruct) with its own cold start: its own table, never pooled
