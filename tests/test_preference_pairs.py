@@ -67,3 +67,20 @@ def test_preference_tiny_runs_two_steps_on_the_cli(tmp_path, tiny_ckpt):
     assert [s for s, _ in scalars["evaluator/reward"]] == [0, 1]
     assert all(0.0 <= v <= 1.0 for _, v in scalars["evaluator/reward"])  # the step's mean agreement
     assert all(math.isfinite(v) for _, v in scalars["evaluator/rubric_logprob"])
+
+
+def test_a_held_out_split_becomes_a_bench_evaluator_pair_set(tmp_path):
+    """``--pair-set test``: the held-out preference pairs as bench_evaluator pairs (valid kind, the chosen side better,
+    positions alternating), digest-checked on read like any stored pair set."""
+    from score_lightning.evaluation.pair_set import read_pair_set
+
+    proc = subprocess.run([sys.executable, "scripts/build_preferences.py", "--out", str(tmp_path / "p.jsonl"),
+                           "--pair-set", "test"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pairs, manifest = read_pair_set(tmp_path / "preferences_test_pairs.jsonl")
+    source = [json.loads(line) for line in PACKAGED.read_text().splitlines() if json.loads(line)["split"] == "test"]
+    assert manifest["split"] == "test" and len(pairs) == len(source) == 8
+    assert [p.better for p in pairs] == [0, 1] * 4 and all(p.kind == "valid" for p in pairs)
+    for p, s in zip(pairs, source):
+        assert p.sides[p.better].text == s["chosen"] and p.sides[p.worse].text == s["rejected"]
+        assert p.sides[p.better].item_recall > p.sides[p.worse].item_recall

@@ -95,3 +95,24 @@ def verified_recall(items: Sequence[EvidenceItem], text: str) -> float:
 def pairs_text(pairs: Sequence[dict]) -> str:
     """The file's text: one compact, key-sorted JSON line per pair (what the digest is taken over)."""
     return "".join(json.dumps(p, ensure_ascii=False, sort_keys=True, separators=(",", ":")) + "\n" for p in pairs)
+
+
+def as_pair_set(pairs: Sequence[dict], items: dict[str, QueryItems], split: str) -> list:
+    """The ``split`` pairs as ``scripts/bench_evaluator.py`` pairs (kind ``valid``, the chosen side better, sides
+    alternating), so the benchmark measures a rubric writer on held-out preference pairs: pairwise accuracy, AUC and
+    Cohen's d with query-bootstrap intervals, the metrics preference-trained rubric generators report."""
+    from score_lightning.evaluation.pair_build import VALID, Pair, Side
+    from score_lightning.rewards.citations import cited_ids
+
+    out = []
+    for i, p in enumerate(x for x in pairs if x["split"] == split):
+        n = len(items[p["query_id"]].items)
+
+        def side(text: str, recall: float) -> Side:
+            return Side(text, tuple(cited_ids(text)), True, recall, round(recall * n), len(text.split()),
+                        source_query=p["query_id"])
+
+        sides = (side(p["chosen"], p["chosen_recall"]), side(p["rejected"], p["rejected_recall"]))
+        better = i % 2
+        out.append(Pair(p["query_id"], p["prompt"], VALID, sides if better == 0 else sides[::-1], better))
+    return out
