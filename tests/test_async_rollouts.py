@@ -43,7 +43,8 @@ def _values(scalars: dict, tag: str) -> list[float]:
     return [v for _, v in scalars[tag]]
 
 
-@pytest.mark.parametrize("recipe", ["scripted", "dynamic_sampling"])
+# "dynamic_sampling" (39 s) runs in make test-multiprocess (CI); "scripted" keeps the property in the default suite
+@pytest.mark.parametrize("recipe", ["scripted", pytest.param("dynamic_sampling", marks=pytest.mark.multiprocess)])
 def test_max_staleness_0_reproduces_sync_bit_for_bit(tmp_path, tiny_ckpt, corpus_file, recipe):
     """The worker generates each step's batch under that step's weights, harness state and scheduler hints:
     3 steps equal rollout.mode=sync exactly (exported weights, logged rewards, baseline, harness versions).
@@ -67,6 +68,7 @@ def test_max_staleness_0_reproduces_sync_bit_for_bit(tmp_path, tiny_ckpt, corpus
         assert max(_values(sb, "solver/sampling_draws")) > 1  # the worker made extra draws
 
 
+@pytest.mark.multiprocess  # 28 s: make test-multiprocess (CI)
 def test_staleness_1_trains_nothing_older_than_one_version(tmp_path, tiny_ckpt, corpus_file):
     from score_lightning.step.generation import POLICY_VERSION
 
@@ -124,8 +126,9 @@ def test_a_batch_older_than_max_staleness_is_regenerated(tmp_path, tiny_ckpt, co
     assert rec.steps[0]["metrics"]["rollout/staleness_max"] == 0.0
 
 
-# "all" (27 s) runs in make test-multiprocess (CI)
-@pytest.mark.parametrize("trains", [pytest.param("all", marks=pytest.mark.multiprocess), "lora", "top_layers"])
+# "all" (27 s) and "lora" (26 s) run in make test-multiprocess (CI)
+@pytest.mark.parametrize("trains", [pytest.param("all", marks=pytest.mark.multiprocess),
+                                    pytest.param("lora", marks=pytest.mark.multiprocess), "top_layers"])
 def test_the_worker_samples_with_the_trainers_weights(tmp_path, tiny_ckpt, corpus_file, trains):
     """HF engine in the worker, weights pushed at each step boundary (only the trainable tensors). With
     max_staleness=0 the engine's log-probs equal the trainer's pi_old at every step although the weights
