@@ -67,3 +67,20 @@ def process_alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state not in ("Z", "X")
+
+
+def flat_config(cfg) -> dict:
+    """A composed config as ``{"dotted.key": value}`` (interpolations unresolved): what two recipes differ in."""
+    from omegaconf import OmegaConf
+
+    out: dict = {}
+
+    def walk(node, prefix):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}.{k}" if prefix else str(k))
+        else:
+            out[prefix] = node
+
+    walk(OmegaConf.to_container(cfg, resolve=False), "")
+    return out

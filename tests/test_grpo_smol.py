@@ -12,23 +12,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT, compose, read_scalars
-
-
-def _flat(cfg) -> dict:
-    from omegaconf import OmegaConf
-
-    out: dict = {}
-
-    def walk(node, prefix):
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(v, f"{prefix}.{k}" if prefix else str(k))
-        else:
-            out[prefix] = node
-
-    walk(OmegaConf.to_container(cfg, resolve=False), "")
-    return out
+from helpers import ROOT, compose, flat_config, read_scalars
 
 
 def test_grpo_smol_is_smol_score_with_a_static_rubric_and_the_same_cold_start(tmp_path):
@@ -39,7 +23,7 @@ def test_grpo_smol_is_smol_score_with_a_static_rubric_and_the_same_cold_start(tm
 
     score, grpo = compose(["experiment=smol_score"]), compose(["experiment=grpo_smol"])
     validate_config(grpo)
-    a, b = _flat(score), _flat(grpo)
+    a, b = flat_config(score), flat_config(grpo)
     changed = {k for k in set(a) | set(b) if a.get(k) != b.get(k)}
     assert changed == {"task_name", "evaluator.enabled", "evaluator.static_rubric", "harness.enabled"}, sorted(changed)
     assert (grpo.evaluator.enabled, grpo.evaluator.static_rubric, grpo.harness.enabled) == (False, True, False)

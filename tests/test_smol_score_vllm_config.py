@@ -6,27 +6,12 @@ from __future__ import annotations
 def test_smol_score_vllm_is_smol_score_with_the_solver_on_vllm():
     """``experiment=smol_score_vllm`` changes the engine and nothing a study compares: the same model, cold start,
     budgets and rewards; only the rollout group, the mismatch correction (vLLM's top-p log-probs) and the name."""
-    from omegaconf import OmegaConf
-
-    from helpers import compose
+    from helpers import compose, flat_config
     from score_lightning.launch.config_validation import validate_config
-
-    def flat(cfg) -> dict:
-        out: dict = {}
-
-        def walk(node, prefix):
-            if isinstance(node, dict):
-                for k, v in node.items():
-                    walk(v, f"{prefix}.{k}" if prefix else str(k))
-            else:
-                out[prefix] = node
-
-        walk(OmegaConf.to_container(cfg, resolve=False), "")
-        return out
 
     hf, vl = compose(["experiment=smol_score"]), compose(["experiment=smol_score_vllm"])
     validate_config(vl)
-    a, b = flat(hf), flat(vl)
+    a, b = flat_config(hf), flat_config(vl)
     changed = {k for k in set(a) | set(b) if a.get(k) != b.get(k)}
     allowed = ("rollout.", "callbacks.vllm_rollout.", "optim.rollout_correction", "task_name")
     assert changed and all(k.startswith(allowed) for k in changed), sorted(changed)

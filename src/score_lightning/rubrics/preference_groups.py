@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from score_lightning import distributed as D
 from score_lightning.rollout.engine import is_collective
 from score_lightning.rubrics.preference import PreferenceReward, agreement, ordered
+from score_lightning.step.evaluator_phase import fold_rows
 from score_lightning.step.types import RubricSample
 
 
@@ -60,10 +61,7 @@ class PreferenceGroups:
         adv = [a for s, a in zip(self.samples, self.advantages) if s.sampled]
         if not rows:
             return trained, advantages
-        main, main_adv = (list(trained), list(advantages)) if trained is not None else ([], [])
-        total = len(main) + len(rows)
-        scale_m, scale_s = (total / len(main) if main else 1.0), total / len(rows)
-        return main + rows, [a * scale_m for a in main_adv] + [a * scale_s for a in adv]
+        return fold_rows(trained or [], advantages if trained is not None else [], rows, adv)
 
 
 def preference_groups(pref: PreferenceReward, step: int, sample_for: Callable[[str, int], list[RubricSample]],

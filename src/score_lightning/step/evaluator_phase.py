@@ -57,6 +57,14 @@ def sample_rewards(kind: str, ro: StepRollouts, rw: StepRewards, sc: StepScalars
     return out, consistency
 
 
+def fold_rows(main: list, main_adv: list[float], extra: list, extra_adv: list[float]) -> tuple[list, list[float]]:
+    """One REINFORCE update over several parts (rubric samples, step judgements, scoring or pair rubrics): each part's
+    advantages are scaled by N / its size, so the row mean of the loss is the sum of the parts' means."""
+    total = len(main) + len(extra)
+    scale_m, scale_s = (total / len(main) if main else 1.0), (total / len(extra) if extra else 1.0)
+    return list(main) + list(extra), [a * scale_m for a in main_adv] + [a * scale_s for a in extra_adv]
+
+
 def centre(rewards: list[float | None], baseline: EMABaseline) -> tuple[list[float], float | None, float | None]:
     """Advantages A = R - b_{t-1} for the samples with a reward; the baseline follows their pooled mean.
 

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from score_lightning.rewards.functions import EMABaseline
-from score_lightning.step.evaluator_phase import centre
+from score_lightning.step.evaluator_phase import centre, fold_rows
 from score_lightning.step.scalars import StepScalars
 
 SCORING_REWARDS = ("none", "pairwise_recall")
@@ -97,11 +97,8 @@ class ScoringJudgement:
         """
         if not self.enabled or (trained is None and not self.has_signal):
             return trained, advantages
-        main, main_adv = (list(trained), list(advantages)) if trained is not None else ([], [])
-        extra = [s for s, r in zip(self.samples, self.rewards) if r is not None]
-        total = len(main) + len(extra)
-        scale_m, scale_s = (total / len(main) if main else 1.0), (total / len(extra) if extra else 1.0)
-        return main + extra, [a * scale_m for a in main_adv] + [a * scale_s for a in self.advantages]
+        return fold_rows(trained or [], advantages if trained is not None else [],
+                         [s for s, r in zip(self.samples, self.rewards) if r is not None], self.advantages)
 
 
 class ScoringRewardStage:

@@ -34,7 +34,7 @@ from score_lightning.rollout.chat import encode_chat
 from score_lightning.rollout.engine import RolloutEngine, SamplingParams, is_collective
 from score_lightning.rollout.search_steps import search_steps
 from score_lightning.rollout.stops import TagStops
-from score_lightning.step.evaluator_phase import centre
+from score_lightning.step.evaluator_phase import centre, fold_rows
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_rows import TokenBonus
 
@@ -99,10 +99,8 @@ class StepJudgement:
         if not main_ok and not self.has_signal:
             return None, []
         main, main_adv = (list(trained), list(advantages)) if main_ok else ([], [])
-        steps = [s for s, r in zip(self.samples, self.rewards) if r is not None]
-        total = len(main) + len(steps)
-        scale_m, scale_s = (total / len(main) if main else 1.0), (total / len(steps) if steps else 1.0)
-        return main + steps, [a * scale_m for a in main_adv] + [a * scale_s for a in self.advantages]
+        return fold_rows(main, main_adv, [s for s, r in zip(self.samples, self.rewards) if r is not None],
+                         self.advantages)
 
 
 class StepRewardStage:
