@@ -63,6 +63,7 @@ CONDITIONS: dict[str, list[str]] = {
     "given": ["experiment=given_tiny"],
     "evorubric": ["experiment=evorubric_tiny"],
     "preference": ["experiment=preference_tiny"],
+    "drrubric": ["experiment=drrubric_tiny"],
     "mams": ["experiment=mams_tiny"],
     "arco": ["experiment=arco_tiny"],
     # a real pretrained model (SmolLM2-135M-Instruct) with its own cold start: its own table, never pooled

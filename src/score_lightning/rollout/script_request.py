@@ -13,7 +13,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class ScriptRequest:
     role: str  # "rubric" | "items" (RLER) | "solver" | "scoring" | "mams_search" | "mams_state" | "mams_report"
-    #            | "step" (a step judgement) | "unknown"
+    #            | "step" (a step judgement) | "research" / "distil" (DR-rubric) | "unknown"
     query: str  # the question (for a rubric prompt: the first listed query)
     index: int  # position among identical prompts of the same batch: the rollout k for the solver
     turn: int  # 0 for the first generation of this trajectory

@@ -9,7 +9,9 @@ rest of the script, every answer depends only on the request:
 * MaMs report: the scripted solver's report of quality ``k % 3`` (``k``: the rollout, which is the
   position among identical prompts while the K rollouts' states agree), citing the memory's first id;
 * step judgement: relevance grows with the words the search shares with the question, novelty is
-  low for a repeated query.
+  low for a repeated query;
+* DR-rubric research: one search on the question's words, then notes citing the first passage;
+  distillation: four items, one joining two checks with ";" and one repeating another (the atomic split and merge).
 """
 
 from __future__ import annotations
@@ -62,6 +64,25 @@ def step_judgement(req: ScriptRequest) -> str:
             f'{STEP_RUBRIC_CLOSE}<step_score relevance="{relevance}" novelty="{novelty}"/>{STEP_EVAL_CLOSE}')
 
 
+def rubric_research(req: ScriptRequest) -> str:
+    if req.turn == 0:
+        return f"<search>{_words(req.query)}</search>"
+    ids = _ID_RE.findall(req.context[len(req.prompt):])  # what its own searches returned
+    cite = f" [{ids[0]}]" if ids else ""
+    return (f"<findings>{_words(req.query)} is documented{cite}; a report needs an example and a conclusion; "
+            "a common mistake is an uncited claim.</findings>")
+
+
+def rubric_distil(req: ScriptRequest) -> str:
+    words = _words(req.query)
+    return ("<rubric_items>"
+            f'<item weight="0.4">Explains {words} with a cited document; Gives a concrete example</item>'
+            '<item weight="0.3">Cites at least two retrieved documents</item>'
+            '<item weight="0.2" sign="-">States a conclusion without any citation</item>'
+            '<item weight="0.1">cites at least two retrieved documents.</item></rubric_items>')
+
+
 WORKFLOW_ROLES: dict[str, Callable[[ScriptRequest], str]] = {
     "mams_search": mams_search, "mams_state": mams_state, "mams_report": mams_report, "step": step_judgement,
+    "research": rubric_research, "distil": rubric_distil,
 }

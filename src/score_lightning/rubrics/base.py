@@ -25,6 +25,7 @@ class RubricContext:
     scheduler: DimensionScheduler
     max_prompt_tokens: int  # evaluator.max_prompt_tokens: the rubric prompt is the evaluator's
     temperature: float
+    step: int = 0  # the SCORE step the rubrics are for (DR-rubric's bootstrap iterations read it)
 
 
 class RubricSource(Protocol):

@@ -30,14 +30,12 @@ from typing import Any
 import torch
 
 from score_lightning.roles.evidence import EvidenceDoc
-from score_lightning.roles.rubric import fallback_rubric, rubric_token_span
-from score_lightning.rollout.agent import TagStops
-from score_lightning.rollout.chat import encode_chat
-from score_lightning.rollout.engine import SamplingParams
+from score_lightning.roles.rubric import fallback_rubric
 from score_lightning.rubrics.base import RubricContext
+from score_lightning.rubrics.item_writer import external_writer, generate_items
 from score_lightning.step.types import StepRubric
 from score_lightning.rubrics.items import (
-    ITEMS_CLOSE, Item, contrast_messages, init_messages, items_rubric, parse_items,
+    Item, checked_items, contrast_messages, init_messages, items_rubric, parse_items,
 )
 from score_lightning.step.types import RubricSample
 
@@ -69,17 +67,7 @@ class EvolvingRubrics:
     buffer: dict[str, _Entry] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.writer not in ("evaluator", "external"):
-            raise ValueError(f"rubric.writer={self.writer!r}: allowed 'evaluator' or 'external'")
-        self._client = None
-        if self.writer == "external":
-            import os
-
-            from score_lightning.clients.chat import ChatClient
-
-            ext = dict(self.external or {})
-            key_env = ext.pop("api_key_env", "OPENAI_API_KEY")
-            self._client = ChatClient(api_key=os.environ.get(key_env) if key_env else None, **ext)
+        self._client = external_writer(self.writer, self.external)
 
     @property
     def trains_evaluator(self) -> bool:
@@ -136,21 +124,9 @@ class EvolvingRubrics:
         The engine is called even with no prompt: a collective engine (FSDP) needs every rank.
         """
         if self._client is not None:
-            outcomes = [self._client.ask(m, _checked_items) for m in prompts]
+            outcomes = [self._client.ask(m, checked_items) for m in prompts]
             return [o.value if o.ok else "" for o in outcomes], [None] * len(prompts)
-        ids = [encode_chat(ctx.tokenizer, m, ctx.max_prompt_tokens, key="evaluator.max_prompt_tokens") for m in prompts]
-        stops = TagStops(ctx.tokenizer, [ITEMS_CLOSE])
-        gens = ctx.engine.generate(ids, SamplingParams(self.max_tokens, ctx.temperature, stop_token_ids=stops.token_ids,
-                                                       stop_strings=stops.strings))
-        texts, records = [], []
-        for prompt, gen in zip(ids, gens):
-            resp = list(gen.token_ids)
-            span = rubric_token_span(resp, ctx.tokenizer.decode, ITEMS_CLOSE)
-            end = span[1] if span else len(resp)
-            texts.append(ctx.tokenizer.decode(resp))
-            records.append((prompt, resp, [1] * end + [0] * (len(resp) - end), gen.finish_reason == "length",
-                            list(gen.logprobs) if gen.logprobs is not None else None))
-        return texts, records
+        return generate_items(ctx, prompts, self.max_tokens)
 
     # ------------------------------------------------------------------ after the scoring
     def observe(self, ctx: RubricContext, queries: Sequence[str], query_ids: Sequence[str],
@@ -202,13 +178,6 @@ class EvolvingRubrics:
         self.buffer = {qid: _Entry([Item(t, float(w), bool(n)) for t, w, n in e["items"]], e.get("best", ""),
                                    e.get("worst", ""), e.get("best_passages", ""), e.get("worst_passages", ""))
                        for qid, e in state.items()}
-
-
-def _checked_items(text: str) -> str:
-    """An external writer's reply must hold at least one item (else it is re-asked)."""
-    if not parse_items(text).items:
-        raise ValueError(parse_items(text).error)
-    return text
 
 
 def score_spread(scores: torch.Tensor) -> list[float]:

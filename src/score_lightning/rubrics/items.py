@@ -63,6 +63,14 @@ def parse_items(text: str) -> ItemsParse:
     return ItemsParse(tuple(items), "" if items else "no valid <item>")
 
 
+def checked_items(text: str) -> str:
+    """An external writer's reply must hold at least one item (else it is re-asked)."""
+    parsed = parse_items(text)
+    if not parsed.items:
+        raise ValueError(parsed.error)
+    return text
+
+
 def items_rubric(items: Sequence[Item]) -> Rubric:
     """The items as a scoring rubric: ids ``i1..``, weights normalised by the positive total, flaws negative."""
     positive = sum(it.weight for it in items if not it.negative) or 1.0

@@ -49,7 +49,8 @@ class GenerationHooks:
 
     def rubric_context(self) -> RubricContext:
         return RubricContext(self.evaluator_engine, self.tokenizer, self.retriever, self.harness_state, self.scheduler,
-                             int(self.cfg.evaluator.max_prompt_tokens), float(self.cfg.evaluator.temperature))
+                             int(self.cfg.evaluator.max_prompt_tokens), float(self.cfg.evaluator.temperature),
+                             int(getattr(self, "score_step", 0)))
 
     def rollout(self, queries: list[str], query_ids: list[str] | None = None,
                 rubric_of: StepRubric | None = None) -> StepRollouts:

@@ -33,3 +33,7 @@ def check_async(c: Checks) -> None:
         c.add("rollout.mode=async with rubric=evolving: its buffer of rubric items is edited both when rubrics are "
               "written (in the worker) and when scores are observed (in the trainer), and two copies would diverge; "
               "use rubric=score or rubric=given, or rollout.mode=sync")
+    if target.endswith("DeepResearchRubrics"):
+        c.add("rollout.mode=async with rubric=drrubric: its rubrics are written in the worker and checkpointed with "
+              "the trainer, and the worker's copy would be lost at each request; use rubric=score or rubric=given, "
+              "or rollout.mode=sync")

@@ -1,0 +1,180 @@
+"""DR-rubric (``rubric=drrubric``): Stage I research, Stage II distillation to atomic items, and the bootstrap
+iterations, against hand computations; the external writer against a loopback OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import FAST, ROOT, compose, read_scalars
+from score_lightning.harness.scheduler import DimensionScheduler
+from score_lightning.harness.state import HarnessState
+from score_lightning.retrieval.base import SearchHit
+from score_lightning.rollout.scripted import ProtocolResponder, ScriptedEngine
+from score_lightning.rubrics.base import RubricContext
+from score_lightning.rubrics.dr_rubric import DeepResearchRubrics, bootstrap_iteration
+from score_lightning.rubrics.items import Item
+from score_lightning.rubrics.research_prompts import atomic_items, findings_text, observed_passages
+
+
+class Corpus:
+    def __init__(self):
+        self.queries = []
+
+    def search(self, queries, topk):
+        self.queries.extend(queries)
+        return [[SearchHit("doc.a", "json.dumps turns objects into JSON text", 1.0),
+                 SearchHit("doc.b", "indent pretty-prints nested objects", 0.5)][:topk] for _ in queries]
+
+
+def _ctx(tokenizer, step=0, engine=None) -> RubricContext:
+    state = HarnessState()
+    return RubricContext(engine or ScriptedEngine(tokenizer, ProtocolResponder()), tokenizer, Corpus(), state,
+                         DimensionScheduler(list(state.dimension_pool)), 1024, 0.8, step)
+
+
+def test_atomic_items_split_merge_and_keep_the_heaviest_by_hand():
+    items = [Item("Explains X with a source; Gives an example; ok", 0.6),  # 'ok' is under two words: stays out
+             Item("Cites two documents", 0.3), Item("States a claim uncited", 0.2, True),
+             Item("cites  two documents.", 0.1), Item("Cites two documents", 0.5, True)]
+    got = atomic_items(items, max_items=4)
+    # 0.6 / 2 each for the two checks; 0.3 + 0.1 merged at the first's place; the negative twin stays apart
+    assert [(i.text, round(i.weight, 6), i.negative) for i in got] == [
+        ("Explains X with a source", 0.3, False), ("Gives an example", 0.3, False),
+        ("Cites two documents", 0.4, False), ("Cites two documents", 0.5, True)]
+    # max_items=2: the two heaviest (0.5 and 0.4), in their original order
+    assert [(i.text, i.negative) for i in atomic_items(items, 2)] == [("Cites two documents", False),
+                                                                      ("Cites two documents", True)]
+    assert atomic_items([Item("one check only", 1.0)], 3) == [Item("one check only", 1.0)]
+
+
+@pytest.mark.parametrize("step,expected", [(0, 1), (39, 1), (40, 2), (79, 2), (80, 3), (500, 3)])
+def test_bootstrap_iteration_of_each_step(step, expected):
+    assert bootstrap_iteration(step, 3, 40) == expected
+    assert bootstrap_iteration(step, 1, 0) == 1
+
+
+def test_findings_and_observed_passages():
+    text = ("<search>q</search>\n<observation>[doc.a] first passage text\n[doc.b] second</observation>\n"
+            "<search>r</search>\n<observation>[doc.a] again\n[doc.c] third one</observation>"
+            "<findings> facts  [doc.a]; structure </findings>")
+    assert findings_text(text) == "facts [doc.a]; structure"
+    assert findings_text("<findings>unclosed") == ""
+    assert observed_passages(text, 2, 8) == "[doc.a] first pa\n[doc.b] second"  # first sighting, 2 at most, 8 chars
+
+
+def test_research_distil_and_rewrite_in_each_iteration(tokenizer):
+    seen = []
+    engine = ScriptedEngine(tokenizer, lambda req: seen.append(req) or ProtocolResponder()(req))
+    src = DeepResearchRubrics(search_turns=2, num_items=4, max_items=3, iterations=3, iteration_steps=2)
+    ctx = _ctx(tokenizer, 0, engine)
+    step = src.step_rubrics(ctx, ["how does json.dumps work?"], ["q1"], [[]])
+    assert ctx.retriever.queries == ["how does json.dumps work"]  # Stage I searched with the writer's own query
+    distil = [r for r in seen if r.role == "distil"][0]
+    assert "[doc.a] json.dumps turns objects into JSON text" in distil.prompt  # the research's passages ...
+    assert "json.dumps work is documented [doc.a]" in distil.prompt  # ... and its notes reach Stage II
+    # the scripted items (0.4 "A; B", 0.3 "Cites...", 0.2 flaw, 0.1 "cites...") -> A 0.2, B 0.2, Cites 0.4, flaw 0.2;
+    # max_items=3 keeps Cites and the first two of the 0.2 ties (A, B), in order
+    entry = src.buffer["q1"]
+    assert [(i.text, round(i.weight, 6)) for i in entry.items] == [
+        ("Explains how does json.dumps work with a cited document", 0.2), ("Gives a concrete example", 0.2),
+        ("Cites at least two retrieved documents", 0.4)]
+    assert step.per_query[0].weights == pytest.approx((0.25, 0.25, 0.5)) and step.fallback == [False]
+    assert step.stats["rubric/iteration"] == 1.0 and step.stats["rubric/research_searches"] == 1.0
+    assert step.stats["rubric/items_added"] == 3.0 and step.stats["rubric/write_fail_rate"] == 0.0
+    assert step.samples == [] and not src.trains_evaluator  # the paper trains no rubric tokens
+    # step 1 (same iteration): nothing rewritten; step 2 (iteration 2): rewritten by the current writer
+    n = len(seen)
+    again = src.step_rubrics(_ctx(tokenizer, 1, engine), ["how does json.dumps work?"], ["q1"], [[]])
+    assert len(seen) == n and again.stats["rubric/rewritten"] == 0.0
+    third = src.step_rubrics(_ctx(tokenizer, 2, engine), ["how does json.dumps work?"], ["q1"], [[]])
+    assert third.stats["rubric/rewritten"] == 1.0 and src.buffer["q1"].iteration == 2
+    copy = DeepResearchRubrics(iterations=3, iteration_steps=2)
+    copy.load_state_dict(json.loads(json.dumps(src.state_dict())))
+    assert copy.buffer["q1"] == src.buffer["q1"]
+
+
+def test_a_failed_write_keeps_the_previous_items_and_is_counted(tokenizer):
+    src = DeepResearchRubrics(iterations=2, iteration_steps=1)
+    src.step_rubrics(_ctx(tokenizer, 0), ["how does json.dumps work?"], ["q1"], [[]])
+    before = list(src.buffer["q1"].items)
+
+    def broken(req):
+        return "<rubric_items></rubric_items>" if req.role == "distil" else ProtocolResponder()(req)
+
+    out = src.step_rubrics(_ctx(tokenizer, 1, ScriptedEngine(tokenizer, broken)), ["how does json.dumps work?", "new"],
+                           ["q1", "q2"], [[], []])
+    assert src.buffer["q1"].items == before and src.buffer["q1"].iteration == 1  # retried on the next visit
+    assert out.stats["rubric/write_fail_rate"] == 1.0 and out.fallback == [False, True] and not out.valid
+
+
+def test_train_writer_gives_the_distillation_tokens_to_reinforce(tokenizer):
+    src = DeepResearchRubrics(train_writer=True)
+    out = src.step_rubrics(_ctx(tokenizer), ["how does json.dumps work?"], ["q1"], [[]])
+    (sample, owners), = out.samples
+    assert owners == [0] and sample.valid and src.trains_evaluator
+    assert "</rubric_items>" in tokenizer.decode([t for t, m in zip(sample.response_ids, sample.train_mask) if m])
+
+
+def test_external_writer_searches_then_distils_over_loopback(tokenizer):
+    from openai_stub import OpenAIStub, Reply
+
+    replies = ["<search>json dumps indent</search>", "<findings>indent pretty-prints [doc.b]</findings>",
+               '<rubric_items><item weight="1">Mentions indent; Cites doc.b</item></rubric_items>']
+    with OpenAIStub(content="unused") as stub:
+        stub.script(*(Reply(content=r) for r in replies))
+        src = DeepResearchRubrics(writer="external", external={"base_url": stub.base_url, "model": "m",
+                                                               "max_retries": 0})
+        ctx = _ctx(tokenizer)
+        out = src.step_rubrics(ctx, ["how does json.dumps indent?"], ["q1"], [[]])
+        second = stub.requests[1].json["messages"]
+        distil = stub.requests[2].json["messages"][-1]["content"]
+    assert ctx.retriever.queries == ["json dumps indent"]
+    assert second[-1]["role"] == "user" and second[-1]["content"].startswith("<observation>[doc.a]")
+    assert "indent pretty-prints [doc.b]" in distil and "[doc.b] indent pretty-prints nested objects" in distil
+    assert [(i.text, i.weight) for i in src.buffer["q1"].items] == [("Mentions indent", 0.5), ("Cites doc.b", 0.5)]
+    assert out.stats["rubric/research_fail_rate"] == 0.0 and out.stats["rubric/research_searches"] == 1.0
+
+
+def test_external_writer_failure_is_counted_not_scored(tokenizer):
+    from openai_stub import OpenAIStub, Reply
+
+    with OpenAIStub(content="unused") as stub:
+        stub.script(Reply(status=500), Reply(status=500))
+        src = DeepResearchRubrics(writer="external", external={"base_url": stub.base_url, "model": "m",
+                                                               "max_retries": 0})
+        out = src.step_rubrics(_ctx(tokenizer), ["q?"], ["q1"], [[]])
+    assert out.stats["rubric/research_fail_rate"] == 1.0 and out.stats["rubric/write_fail_rate"] == 1.0
+    assert out.fallback == [True] and "q1" not in src.buffer
+
+
+def test_bad_settings_are_refused_by_name():
+    with pytest.raises(ValueError, match="rubric.iterations=3 needs rubric.iteration_steps"):
+        DeepResearchRubrics(iterations=3)
+    with pytest.raises(ValueError, match="rubric.writer='judge'"):
+        DeepResearchRubrics(writer="judge")
+    from score_lightning.launch.config_validation import validate_config
+
+    with pytest.raises(Exception, match="rubric=drrubric"):
+        validate_config(compose(["experiment=drrubric_tiny", "rollout.mode=async"]))
+
+
+def test_drrubric_tiny_runs_two_steps_on_the_cli(tmp_path, tiny_ckpt):
+    out = tmp_path / "dr"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    fast = [a.replace("experiment=tiny_score", "experiment=drrubric_tiny") for a in FAST]
+    cmd = [sys.executable, "src/train.py", *fast, "rollout=scripted", "solver.num_rollouts=3", "trainer.max_steps=2",
+           "solver.max_response_tokens=200", "evaluator.max_response_tokens=500", "rubric.iteration_steps=1",
+           "rubric.iterations=2", f"paths.output_dir={out}"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scalars = read_scalars(out / "tensorboard")
+    assert [v for _, v in scalars["rubric/iteration"]] == [1.0, 2.0]
+    assert [v for _, v in scalars["rubric/rewritten"]] == [1.0, 1.0]  # FAST: one query per step, rewritten each
+    assert [v for _, v in scalars["rubric/write_fail_rate"]] == [0.0, 0.0]
+    assert all(v > 0 and math.isfinite(v) for _, v in scalars["solver/reward_mean"])
