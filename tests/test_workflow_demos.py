@@ -64,3 +64,39 @@ def test_workflow_demos_are_valid_and_leave_the_default_kinds_unchanged(tokenize
             assert parse_step_judgement(text).valid, text
     reports = [d for d in new if d.kind == "mams_report"]
     assert all(d.meta["search_queries"] for d in reports)
+
+
+def test_item_writing_demos_for_rler_and_drrubric_are_valid_and_shared(tokenizer, bm25, queries):
+    """rubric=evolving and rubric=drrubric get the same four item-writing kinds (one cold start for both), each in
+    the exact prompt its rubric source sends, every response parsing to items that cite what the prompt showed."""
+    from score_lightning.rubrics.items import ITEMS_SYSTEM, parse_items
+    from score_lightning.rubrics.research_prompts import DISTIL_SYSTEM, RESEARCH_SYSTEM, findings_text
+
+    rler, dr = compose(["experiment=rler_tiny"]), compose(["experiment=drrubric_tiny"])
+    spec = WorkflowDemoSpec.from_cfg(rler)
+    assert spec == WorkflowDemoSpec.from_cfg(dr) and spec.num_items == 240
+    assert workflow_key_inputs(rler) == workflow_key_inputs(dr) != {}
+    extra = [type(k)(k.kind, 8, k.per_prompt, k.group) for k in workflow_kinds(spec)]
+    demos, stats = build_demos(tokenizer, bm25, queries, DemoBudgets.from_cfg(rler), 0, 0, 0, seed=5, extra=extra)
+    by_kind = {k: [d for d in demos if d.kind == k] for k in ("items_init", "items_contrast", "research", "distil")}
+    assert all(len(v) >= 4 for v in by_kind.values()), {k: len(v) for k, v in by_kind.items()}
+    for kind, ds in by_kind.items():
+        for d in ds:
+            prompt, text = tokenizer.decode(d.prompt_ids), tokenizer.decode(d.response_ids[:-1])
+            assert d.response_ids[-1] == tokenizer.eos_token_id
+            system = {"research": RESEARCH_SYSTEM, "distil": DISTIL_SYSTEM}.get(kind, ITEMS_SYSTEM)
+            assert system.split("\n", 1)[0] in prompt
+            if kind == "research":  # searches with real observations (mask 0), then the notes
+                assert 0 in d.response_mask and "<observation>" in text and findings_text(text)
+                cited = [w for w in findings_text(text).split() if w.startswith("[")]
+                assert cited and all(c.split("]")[0] + "]" in text.split("<findings>")[0] for c in cited)
+                continue
+            assert d.response_mask == [1] * len(d.response_ids)
+            items = parse_items(text).items
+            assert len(items) == d.meta["n_items"], text
+            for it in items:  # a cited id is one the prompt showed
+                if "[" in it.text:
+                    doc = it.text.split("[", 1)[1].split("]", 1)[0]
+                    assert f"[{doc}]" in prompt, (it.text, kind)
+            if kind in ("items_init", "distil"):
+                assert any(it.negative for it in items) and any("[" in it.text for it in items)

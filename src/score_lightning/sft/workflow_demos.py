@@ -1,13 +1,16 @@
-"""Cold-start demonstrations for the solver workflows, added only when the run uses them.
+"""Cold-start demonstrations for the solver workflows and the item-writing rubric sources, added only when the run
+uses them.
 
-``solver.agent=mams`` adds MaMs runs (:mod:`~score_lightning.sft.mams_demos`) and ``reward.step=rubric``
-adds step judgements (:mod:`~score_lightning.sft.step_demos`). The default cold start (ReAct, no step
+``solver.agent=mams`` adds MaMs runs (:mod:`~score_lightning.sft.mams_demos`), ``reward.step=rubric``
+adds step judgements (:mod:`~score_lightning.sft.step_demos`), and ``rubric=evolving`` or ``rubric=drrubric`` add
+RLER's and DR-rubric's item writing (:mod:`~score_lightning.sft.item_demos`; the same demos for both, so
+``rler_tiny`` and ``drrubric_tiny`` share one cold start). The default cold start (ReAct, no step
 rewards) is untouched: no demo, seed stream or cache-key input changes for it, so its cached
 checkpoint stays valid. A workflow run's cache key gains :func:`workflow_key_inputs` (the workflow,
 its budgets, the counts and :data:`WORKFLOW_DEMO_VERSION`), so it never reuses the default cold start.
 
-Counts come from ``sft.workflow_demos`` (``mams``, ``mams_per_prompt``, ``step``, ``step_per_prompt``),
-set by ``experiment=mams_tiny`` / ``experiment=arco_tiny``; absent keys take the defaults below.
+Counts come from ``sft.workflow_demos`` (``mams``, ``mams_per_prompt``, ``step``, ``step_per_prompt``, ``items``,
+``items_per_prompt``), set by ``experiment=mams_tiny`` / ``experiment=arco_tiny``; absent keys take the defaults below.
 """
 
 from __future__ import annotations
@@ -19,13 +22,18 @@ from omegaconf import OmegaConf
 
 from score_lightning.rollout.mams import MamsConfig
 from score_lightning.sft.demo_types import Demo
+from score_lightning.sft.item_demos import (
+    DISTIL, ITEMS_CONTRAST, ITEMS_INIT, RESEARCH, contrast_group, distil_group, init_group, research_group,
+)
 from score_lightning.sft.mams_demos import mams_group
 from score_lightning.sft.step_demos import STEP, step_group
 
 #: Bump whenever the workflow demonstrations change (only workflow runs' caches are rebuilt).
-WORKFLOW_DEMO_VERSION = 2  # 2: step-judgement prompts show the step's passages
+WORKFLOW_DEMO_VERSION = 3  # 2: step-judgement prompts show the step's passages; 3: item-writing demos
 MAMS_KINDS = ("mams_search", "mams_state", "mams_report")
-_DEFAULTS = {"mams": 240, "mams_per_prompt": 2, "step": 480, "step_per_prompt": 4}
+_DEFAULTS = {"mams": 240, "mams_per_prompt": 2, "step": 480, "step_per_prompt": 4, "items": 240, "items_per_prompt": 4}
+#: the rubric sources whose writer writes <rubric_items> (their runs get the item-writing demos)
+ITEM_WRITERS = ("EvolvingRubrics", "DeepResearchRubrics")
 
 
 @dataclass(frozen=True)
@@ -49,18 +57,22 @@ class WorkflowDemoSpec:
     num_step: int = 0  # step judgements
     step_per_prompt: int = 4  # judgements per step prompt
     step_max_tokens: int = 96
+    num_items: int = 0  # demos of each item-writing kind (RLER's contrast kind: half as many)
+    items_per_prompt: int = 4
 
     @classmethod
     def from_cfg(cls, cfg) -> "WorkflowDemoSpec | None":
         mams = str(OmegaConf.select(cfg, "solver.agent", default="react")) == "mams"
         step = str(OmegaConf.select(cfg, "reward.step", default="none")) == "rubric"
-        if not (mams or step):
+        items = str(OmegaConf.select(cfg, "rubric._target_", default="")).endswith(ITEM_WRITERS)
+        if not (mams or step or items):
             return None
         n = {**_DEFAULTS, **(OmegaConf.to_container(cfg.sft.workflow_demos, resolve=True)
                              if OmegaConf.select(cfg, "sft.workflow_demos") else {})}
         return cls(MamsConfig.from_cfg(cfg) if mams else None, int(n["mams"]) if mams else 0, int(n["mams_per_prompt"]),
                    int(n["step"]) if step else 0, int(n["step_per_prompt"]),
-                   int(OmegaConf.select(cfg, "reward.step_max_tokens", default=96)))
+                   int(OmegaConf.select(cfg, "reward.step_max_tokens", default=96)),
+                   int(n["items"]) if items else 0, int(n["items_per_prompt"]))
 
 
 def workflow_key_inputs(cfg) -> dict:
@@ -81,4 +93,9 @@ def workflow_kinds(spec: WorkflowDemoSpec | None) -> list[ExtraKind]:
     if spec.num_step > 0:
         kinds.append(ExtraKind(STEP, spec.num_step, spec.step_per_prompt,
                                lambda ctx, rng, query, n: step_group(ctx, rng, query, n, spec.step_max_tokens)))
+    if spec.num_items > 0:
+        for kind, group in ((ITEMS_INIT, init_group), (ITEMS_CONTRAST, contrast_group), (RESEARCH, research_group),
+                            (DISTIL, distil_group)):
+            n = spec.num_items // 2 if kind == ITEMS_CONTRAST else spec.num_items
+            kinds.append(ExtraKind(kind, n, spec.items_per_prompt, group))
     return kinds
