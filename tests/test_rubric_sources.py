@@ -260,6 +260,7 @@ def test_each_mode_runs_three_steps_on_the_cli(mode, tmp_path, tiny_ckpt):
         assert len(values) == 3 and all(math.isfinite(v) for v in values), (key, values)
     if mode == "evolving":
         assert "rubric/items_added" in scalars and sum(v for _, v in scalars["rubric/items_added"]) > 0
+        assert [v for _, v in scalars["rubric/write_fail_rate"]][0] == 0.0  # the scripted writer's items all parse
     if mode in ("score", "evolving", "discriminative"):
         assert [v for _, v in scalars["evaluator/updated"]] == [1.0] * 3  # the rubric writer trained
 

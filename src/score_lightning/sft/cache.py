@@ -81,7 +81,15 @@ def _queries_identity(cfg: DictConfig) -> str:
 
 
 #: sft knobs added after cold starts were cached: at these values they change nothing, so they are not keyed
-_OFF_VALUES = {"trainable_layers": None, "scoring_contrast": 0.0, "report": None}
+_OFF_VALUES = {"trainable_layers": None, "scoring_contrast": 0.0, "report": None, "scoring_targets": "kind"}
+
+
+def _items_identity(cfg: DictConfig) -> str:
+    """The evidence items ``sft.scoring_targets=items`` reads: the file's digest (the embedded one by default)."""
+    from score_lightning.items.format import EMBEDDED_ITEMS_PATH, file_digest
+
+    path = cfg.reward.get("items_path")
+    return file_digest(path if path else EMBEDDED_ITEMS_PATH)
 
 
 def sft_key_inputs(cfg: DictConfig, model_path: str) -> dict[str, Any]:
@@ -105,6 +113,7 @@ def sft_key_inputs(cfg: DictConfig, model_path: str) -> dict[str, Any]:
         "budgets": asdict(DemoBudgets.from_cfg(cfg)),
         "dtype": str(cfg.model.dtype),
         **workflow_key_inputs(cfg),  # {} for the default cold start, so its key is unchanged
+        **({"items": _items_identity(cfg)} if "scoring_targets" in s else {}),  # the items the scores follow
         # results trained with gradient checkpointing before the packed shared prompt saw no prompt (HF dropped
         # the prompt's key/value cache in checkpointed layers): a new key so those caches are not reused;
         # without checkpointing (the tiny model) the key, and the packaged cold start, are unchanged

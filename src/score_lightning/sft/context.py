@@ -83,17 +83,21 @@ class DemoContext:
     eos: int
     #: ``sft.report``: research-report solver answers (and scoring reports) of this shape; None: short answers
     report: ReportShape | None = None
+    #: ``sft.scoring_targets=items``: each query's evidence items, by question text (valid reports' target scores
+    #: follow their ``item_recall``); None: scores follow the report's kind alone
+    items: dict[str, list] | None = None
 
     @classmethod
     def create(cls, tokenizer, retriever: Retriever, queries: Sequence[str], budgets: DemoBudgets,
-               base_state: HarnessState | None = None, report: ReportShape | None = None) -> "DemoContext":
+               base_state: HarnessState | None = None, report: ReportShape | None = None,
+               items: dict[str, list] | None = None) -> "DemoContext":
         kept = [q for q in queries if q.strip()]
         if not kept:
             raise ValueError("sft demos: no queries")
         docs = getattr(retriever, "docs", None) or []
         return cls(tok=tokenizer, retriever=CachedRetriever(retriever), queries=kept, b=budgets,
                    base=base_state if base_state is not None else HarnessState(),
-                   known_ids=frozenset(d.id for d in docs), eos=tokenizer.eos_token_id, report=report)
+                   known_ids=frozenset(d.id for d in docs), eos=tokenizer.eos_token_id, report=report, items=items)
 
     def script(self, turns: Sequence[str], prompt: list[int], agent: AgentConfig) -> Trajectory:
         """Replay ``turns`` after ``prompt`` through the real agent loop (real searches, masks, budgets)."""

@@ -48,8 +48,9 @@ class DemoBuilder:
     """Builds the three demo kinds for one tokenizer, retriever, query set and budget."""
 
     def __init__(self, tokenizer, retriever: Retriever, queries: Sequence[str], budgets: DemoBudgets,
-                 base_state: HarnessState | None = None, seed: int = 0, report: ReportShape | None = None):
-        self.ctx = DemoContext.create(tokenizer, retriever, queries, budgets, base_state, report)
+                 base_state: HarnessState | None = None, seed: int = 0, report: ReportShape | None = None,
+                 items: dict[str, list] | None = None):
+        self.ctx = DemoContext.create(tokenizer, retriever, queries, budgets, base_state, report, items)
         self.seed = int(seed)
         self.stats = DemoStats()
 
@@ -106,12 +107,14 @@ def build_demos(tokenizer, retriever: Retriever, queries: Sequence[str], budgets
                 base_state: HarnessState | None = None,
                 per_prompt: dict[str, int] | None = None,
                 extra: Sequence[ExtraKind] = (), scoring_contrast: float = 0.0,
-                report: ReportShape | None = None) -> tuple[list[Demo], DemoStats]:
+                report: ReportShape | None = None,
+                items: dict[str, list] | None = None) -> tuple[list[Demo], DemoStats]:
     """Build all demonstrations; returns them (solver, rubric, scoring, then ``extra`` kinds) and the counts.
 
-    ``report`` (``sft.report``) makes solver answers and scoring reports research reports of that shape.
+    ``report`` (``sft.report``) makes solver answers and scoring reports research reports of that shape;
+    ``items`` (``sft.scoring_targets=items``: evidence items by question) makes valid reports' scores follow them.
     """
-    builder = DemoBuilder(tokenizer, retriever, queries, budgets, base_state, seed, report)
+    builder = DemoBuilder(tokenizer, retriever, queries, budgets, base_state, seed, report, items)
     demos = builder.build(n_solver, n_rubric, n_scoring, per_prompt, extra, scoring_contrast)
     return demos, builder.stats
 

@@ -17,6 +17,7 @@ import random
 
 from score_lightning import protocol as P
 from score_lightning.harness.state import HarnessState
+from score_lightning.rewards.items import item_recall
 from score_lightning.rewards.report_edits import (
     bracketed_ids, cut_short, drop_citations, invented_id, replace_citation, unretrieved_id,
 )
@@ -35,6 +36,10 @@ _BASE_SCORES = {"good": 8, "partial": 6, "no_citation": 4, "fake_citation": 3, "
 #: how often each kind is drawn: close to what the evaluator meets at the first RL steps, where a third to
 #: a half of the cold start's answers are invalid, most of them never closed ("(no report)") or uncited
 _KIND_WEIGHTS = (0.3, 0.1, 0.15, 0.05, 0.1, 0.05, 0.05, 0.2)
+#: ``sft.scoring_targets``: kind (a valid report's scores follow its kind) | items (and its evidence-item recall)
+SCORING_TARGETS = ("kind", "items")
+#: kinds of valid reports: under ``sft.scoring_targets=items`` their base score follows their item recall
+_VALID_KINDS = ("good", "partial")
 #: kinds whose citations are not grounded in the report's own searches
 _UNGROUNDED = ("fake_citation", "unretrieved_citation")
 #: the edits of a contrast group (``sft.scoring_contrast``): each report is the group's one good report with
@@ -77,13 +82,24 @@ def _report(ctx: DemoContext, rng: random.Random, query: str, rubric: Rubric, ki
     cited = bracketed_ids(text)
     if kind in _UNGROUNDED and all(c in sources for c in cited):
         kind = "good"  # nothing to replace (no citation survived): the report is what it is
-    return text, {"kind": kind, "cited": cited, "sources": sources}
+    feat = {"kind": kind, "cited": cited, "sources": sources}
+    items = (ctx.items or {}).get(query.strip())
+    if items and kind in _VALID_KINDS:
+        feat["recall"] = item_recall(items, text, sources, True)
+    return text, feat
+
+
+def recall_base(recall: float) -> int:
+    """A valid report's base score under ``sft.scoring_targets=items``: 5 + round(4 · recall), from 5 (none of its
+    query's evidence items) to 9 (all); every degraded kind stays at 4 or below, so valid still outranks invalid.
+    The research-report demos' recalls spread over 0-1 (0.17, 0.33, 0.5, 0.67 most often), so the scale spans them."""
+    return 5 + int(round(4 * recall))
 
 
 def _scores(rng: random.Random, feat: dict, rubric: Rubric, confirmed: set[str]) -> list[int]:
     """Per-dimension 0..10 scores: the kind's base and the dimension's view of the report (deterministic)."""
     kind = feat["kind"]
-    base = _BASE_SCORES[kind]
+    base = recall_base(feat["recall"]) if feat.get("recall") is not None else _BASE_SCORES[kind]
     out = []
     for d in rubric.dims:
         if kind == "empty":
@@ -232,6 +248,7 @@ def _scoring_response(ctx: DemoContext, rng: random.Random, query: str, state: H
         return Demo(SCORING, prompt, traj.response_ids + [ctx.eos], traj.response_mask + [1], meta={
             "query": query, "num_reports": K, "state": state.to_dict(),
             "rubric": [list(rubric.dims), list(rubric.weights)], "kinds": [f["kind"] for f in feats],
+            "recalls": [f.get("recall") for f in feats],
             "scoring": b.scoring, "sources": [f["sources"] for f in feats] if b.show_retrieved else None,
             "search_queries": list(qs), "tool_calls": traj.tool_calls,
         })

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from score_lightning.sft.demo_types import Demo, DemoBudgets, ReportShape
 from score_lightning.sft.demos import build_demos, demo_summary
+from score_lightning.sft.scoring_demos import SCORING_TARGETS
 from score_lightning.sft.workflow_demos import WorkflowDemoSpec, workflow_kinds
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ def build_sft_demos(cfg: DictConfig, tokenizer, retriever=None) -> tuple[list[De
         extra=workflow_kinds(WorkflowDemoSpec.from_cfg(cfg)),  # solver.agent=mams / reward.step=rubric only
         scoring_contrast=float(s.get("scoring_contrast", 0.0)),
         report=ReportShape.from_cfg(s.get("report")),  # None: the short answers of the packaged tiny cold start
+        items=scoring_items(cfg),  # None unless sft.scoring_targets=items
     )
     max_len = int(s.max_seq_len)
     kept = [d for d in demos if d.num_tokens <= max_len]
@@ -45,6 +47,19 @@ def build_sft_demos(cfg: DictConfig, tokenizer, retriever=None) -> tuple[list[De
     info = {"built": stats.built, "dropped_budget": stats.dropped, "dropped_max_seq_len": len(demos) - len(kept),
             **demo_summary(kept)}
     return kept, info
+
+
+def scoring_items(cfg: DictConfig) -> dict[str, list] | None:
+    """``sft.scoring_targets``: ``kind`` (None: scores follow the report's kind) or ``items`` (each question's evidence
+    items from ``reward.items_path``, by question text, so valid reports' scores follow their ``item_recall``)."""
+    mode = str(cfg.sft.get("scoring_targets", "kind"))
+    if mode not in SCORING_TARGETS:
+        raise ValueError(f"sft.scoring_targets={mode!r}: allowed {', '.join(SCORING_TARGETS)}")
+    if mode == "kind":
+        return None
+    from score_lightning.items.format import load_items
+
+    return {q.prompt.strip(): list(q.items) for q in load_items(cfg.reward.get("items_path")).values()}
 
 
 def train_sft(model, demos: list[Demo], pad_id: int, scfg: DictConfig, trainer_kwargs: dict, logger) -> dict[str, float]:

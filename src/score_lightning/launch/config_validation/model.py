@@ -169,6 +169,8 @@ def check_sft(c: Checks) -> None:
       "null (all weights train) or an integer >= 1 (the top N decoder layers and the final norm train)")
     c("sft.scoring_contrast", lambda v: not isinstance(v, bool) and 0.0 <= float(v) <= 1.0,
       "a share in [0, 1] of scoring prompts built as one report and its minimal edits")
+    c("sft.scoring_targets", lambda v: v in ("kind", "items"),
+      "kind (scores follow the report's kind) or items (a valid report's scores also follow its item_recall)")
     try:  # the demo builder's own reading of the shape, so the two cannot disagree
         ReportShape.from_cfg(c.get("sft.report"))
     except (KeyError, TypeError, ValueError) as e:
