@@ -202,3 +202,20 @@ def test_a_transient_failure_says_why_and_falls_back_to_training(tmp_path, monke
     with caplog.at_level(logging.WARNING, logger="score_lightning.sft.asset"):
         assert install_packaged(tmp_path / "cache" / key, asset=asset, base_path=tmp_path / "base") is False
     assert "lora_asset" in caplog.text and "adapter.bin" in caplog.text and "training it instead" in caplog.text
+
+
+@pytest.mark.parametrize("experiment", ["rler_tiny", "drrubric_tiny"])
+def test_the_item_writers_share_one_packaged_cold_start(experiment, tiny_ckpt, corpus_file, cache_dir):
+    """``data/assets/cold_start_items``: tiny_score's demonstrations plus RLER's and DR-rubric's item writing, one
+    package for both experiments (their demos, and so their keys, are the same)."""
+    from score_lightning.sft.asset import ASSETS
+
+    asset = ASSETS / "cold_start_items"
+    cfg = compose([f"experiment={experiment}", f"paths.cache_dir={cache_dir}"])
+    out, inputs = sft_output_path(cfg, str(tiny_ckpt))
+    assert packaged_key(asset) == out.name, (
+        f"data/assets/cold_start_items is stale for experiment={experiment}: run `python scripts/build_cold_start.py "
+        "--asset cold_start_items experiment=rler_tiny`")
+    assert inputs["workflow_demos"]["num_items"] > 0
+    files = json.loads((asset / MANIFEST).read_text())["files"]
+    assert all(file_sha256(asset / name) == digest for name, digest in files.items())
