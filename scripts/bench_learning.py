@@ -66,6 +66,7 @@ CONDITIONS: dict[str, list[str]] = {
     "drrubric": ["experiment=drrubric_tiny"],
     "mams": ["experiment=mams_tiny"],
     "arco": ["experiment=arco_tiny"],
+    "rubricem": ["experiment=rubricem_tiny"],
     # a real pretrained model (SmolLM2-135M-Instruct) with its own cold start: its own table, never pooled
     "smol_score": ["experiment=smol_score"],
     "smol_rule": ["experiment=rule_smol"],

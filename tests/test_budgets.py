@@ -20,7 +20,7 @@ from score_lightning.launch.budgets import check_budgets, longest_query, measure
 from score_lightning.launch.config_validation import ConfigError, validate_config
 
 TINY = ["tiny_score", "rler_tiny", "given_tiny", "evorubric_tiny", "mams_tiny", "arco_tiny", "grpo_baseline", "rule_tiny",
-        "preference_tiny", "drrubric_tiny"]
+        "preference_tiny", "drrubric_tiny", "rubricem_tiny"]
 
 
 @pytest.mark.parametrize("experiment,kind", [("qwen_score", "qwen"), ("qwen_score_1gpu", "qwen"),

@@ -44,7 +44,7 @@ from score_lightning.step.samples import step_samples
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.scoring_reward import ScoringRewardStage
 from score_lightning.step.solver_update import GRPOSettings, solver_update
-from score_lightning.step.step_rewards import StepRewardStage
+from score_lightning.step.stage_credit import step_stage_from_cfg
 from score_lightning.step.types import StepRollouts
 from score_lightning.policy.top_layers import update_scope
 
@@ -89,7 +89,7 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Pr
         self.reward_settings = RewardSettings.from_cfg(cfg)
         self.grpo_settings = GRPOSettings.from_cfg(cfg)
         self.reinforce_settings = ReinforceSettings.from_cfg(cfg)
-        self.step_stage = StepRewardStage.from_cfg(cfg)  # reward.step=rubric: ARCO-style step judgements
+        self.step_stage = step_stage_from_cfg(cfg)  # reward.step=rubric: ARCO's step judgements; stage: RubricEM's
         self.scoring_stage = ScoringRewardStage.from_cfg(cfg)  # evaluator.scoring_reward: the scoring tokens train
         self.sampling = DynamicSampling.from_cfg(cfg)  # solver.dynamic_sampling: DAPO's draws until B groups teach
         #: rollout.mode=async: the worker that generates the next step's batch during this step's update

@@ -54,6 +54,7 @@ from score_lightning.evaluation.settings import describe_diff, settings_diff
 from score_lightning.harness.state import HarnessState
 from score_lightning.roles.prompts import format_rubric, solver_messages
 from score_lightning.roles.rubric import fallback_rubric
+from score_lightning.roles.rubricem_prompts import rubricem_messages
 from score_lightning.rollout.agent import AgentConfig, run_agent
 from score_lightning.rollout.chat import encode_chat
 from score_lightning.rollout.mams import MamsConfig, run_mams
@@ -103,14 +104,22 @@ def check_settings(cfg: GenerateConfig, has_articles: bool) -> dict[str, Any]:
 
 def mams_config(cfg: GenerateConfig) -> MamsConfig | None:
     """MaMs's budgets for ``cfg.agent=mams`` (the run's ``solver.mams`` over the class defaults), else None."""
-    if cfg.agent == "react":
+    if cfg.agent in ("react", "rubricem"):
         return None
     if cfg.agent != "mams":
-        raise ValueError(f"solver.agent={cfg.agent!r}: generate rolls out 'react' or 'mams'")
+        raise ValueError(f"solver.agent={cfg.agent!r}: generate rolls out 'react', 'mams' or 'rubricem'")
     known = {f.name for f in fields(MamsConfig)}
     budgets = {k: int(v) for k, v in (cfg.mams or {}).items() if k in known}
     return MamsConfig(**{**budgets, "max_searches": cfg.max_tool_calls, "topk": cfg.topk, "temperature": cfg.temperature,
                          "top_p": cfg.top_p, "conclusion_line": cfg.conclusion_line})
+
+
+def solver_prompt(cfg: GenerateConfig, query: str, rubric, state: HarnessState) -> list[dict]:
+    """The run's own solver prompt: ReAct's, or RubricEM's four stages (without reflection guidance: a held-out
+    query was never judged, so its memory is empty)."""
+    if cfg.agent == "rubricem":
+        return rubricem_messages(query, rubric, state, cfg.max_tool_calls)
+    return solver_messages(query, rubric, state, cfg.max_tool_calls, cfg.conclusion_line)
 
 
 def batch_seed(seed: int, ids: list[str]) -> int:
@@ -205,8 +214,7 @@ def generate_articles(
             if on_batch is not None:
                 on_batch(batch)
             torch.manual_seed(batch_seed(cfg.seed, [q.id for q in batch]))
-            encoded = [encode_chat(tokenizer, solver_messages(q.prompt, rubric, state, cfg.max_tool_calls,
-                                                              cfg.conclusion_line)) for q in batch]
+            encoded = [encode_chat(tokenizer, solver_prompt(cfg, q.prompt, rubric, state)) for q in batch]
             prompts = [ids for ids in encoded for _ in range(n)]  # query-major: query i's samples are rows i*n..
             metas = [{"id": q.id, "sample": k} for q in batch for k in range(n)]
             if mams is not None:  # the run's own workflow: one segmented MaMs trajectory per sample

@@ -48,7 +48,7 @@ class GenerateConfig:
     citations: str = "any"  # reward.citations: the rule reward_valid follows (any | retrieved)
     require_citation: bool = False  # reward.require_citation
     min_answer_chars: int = 20  # reward.min_answer_chars: the answer-length rule of every validity field
-    agent: str = "react"  # solver.agent: react | mams (rolled out by its search / state / report roles)
+    agent: str = "react"  # solver.agent: react | mams (rolled out by its search / state / report roles) | rubricem
     mams: dict | None = None  # solver.mams: MaMs's role budgets (agent=mams)
     settings_source: str | None = None  # the run_config.json the settings came from (recorded only)
     batch_size: int = 8
@@ -76,7 +76,8 @@ class GenerateConfig:
             "model.chat_template": template_label(self.chat_template),
             "reward.citations": self.citations, "reward.require_citation": bool(self.require_citation),
             "reward.min_answer_chars": int(self.min_answer_chars),
-            **({"solver.agent": self.agent, "solver.mams": dict(self.mams or {})} if self.agent != "react" else {}),
+            **({"solver.agent": self.agent, "solver.mams": dict(self.mams or {})} if self.agent == "mams" else {}),
+            **({"solver.agent": self.agent} if self.agent == "rubricem" else {}),
         }
 
 

@@ -13,7 +13,8 @@ of :data:`DEFAULTS` (an explicit flag wins; without the file, the values there):
   the prompt), ``solver.conclusion_line`` and ``model.chat_template``;
 * the reward rule a(r): ``reward.citations``, ``reward.require_citation``, ``reward.min_answer_chars``;
 * the solver's workflow: a run with ``solver.agent=mams`` is rolled out by MaMs's search / state / report roles
-  under its ``solver.mams`` budgets (:data:`WORKFLOW_KEYS`; recorded only then, so ReAct settings are unchanged).
+  under its ``solver.mams`` budgets, one with ``solver.agent=rubricem`` under RubricEM's four-stage prompt
+  (:data:`WORKFLOW_KEYS`; recorded only then, so ReAct settings are unchanged).
 
 Settings are a flat dict keyed by those config names (:func:`resolve_settings`). ``generate`` prints them
 as one block, writes them to ``<out>.settings.json`` (a resume under other settings is refused, so no file
@@ -57,7 +58,7 @@ _BOOL_KEYS = ("solver.conclusion_line", "reward.require_citation")
 #: the solver's workflow (``solver.agent``, default react) and MaMs's role budgets; in the settings only for MaMs
 _REACT_ONLY = ("solver.agent", "react")
 WORKFLOW_KEYS = ("solver.agent", "solver.mams")
-AGENTS = ("react", "mams")
+AGENTS = ("react", "mams", "rubricem")
 
 
 def _select(nested: dict, dotted: str) -> Any:
@@ -103,6 +104,8 @@ def run_values(run: dict) -> dict[str, Any]:
     if agent == "mams":  # rolled out by its own workflow (evaluation/generate.py)
         mams = _select(run, "solver.mams")
         out.update({"solver.agent": "mams", "solver.mams": dict(mams) if isinstance(mams, dict) else {}})
+    elif agent == "rubricem":  # its four-stage prompt (the reflection memory is empty for held-out queries)
+        out["solver.agent"] = "rubricem"
     elif agent not in (KeyError, None, _REACT_ONLY[1]):
         log.warning("the run used solver.agent=%s; generate rolls out the react loop (one <search>/<answer> "
                     "conversation), so this evaluation is not the run's own agent", agent)

@@ -36,13 +36,15 @@ def prompt_role(prompt_text: str) -> str:
     from score_lightning.roles.prompts import POINTWISE_SCORING_SYSTEM, RUBRIC_SYSTEM, SCORING_SYSTEM, SOLVER_SYSTEM
     from score_lightning.roles.step_judge import STEP_SYSTEM
     from score_lightning.rubrics.items import ITEMS_SYSTEM
+    from score_lightning.roles.rubricem_prompts import RUBRICEM_SYSTEM, STAGE_JUDGE_SYSTEM
     from score_lightning.rubrics.research_prompts import DISTIL_SYSTEM, RESEARCH_SYSTEM
 
     for role, system in (("rubric", RUBRIC_SYSTEM), ("items", ITEMS_SYSTEM), ("scoring", SCORING_SYSTEM),
                          ("scoring", POINTWISE_SCORING_SYSTEM),
                          ("solver", SOLVER_SYSTEM), ("mams_search", M.MAMS_SEARCH_SYSTEM),
                          ("mams_state", M.MAMS_STATE_SYSTEM), ("mams_report", M.MAMS_REPORT_SYSTEM),
-                         ("step", STEP_SYSTEM), ("research", RESEARCH_SYSTEM), ("distil", DISTIL_SYSTEM)):
+                         ("step", STEP_SYSTEM), ("research", RESEARCH_SYSTEM), ("distil", DISTIL_SYSTEM),
+                         ("rubricem", RUBRICEM_SYSTEM), ("stage_judge", STAGE_JUDGE_SYSTEM)):
         if system.split("\n", 1)[0][:60] in prompt_text:
             return role
     return "unknown"

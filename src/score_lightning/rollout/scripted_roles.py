@@ -82,7 +82,30 @@ def rubric_distil(req: ScriptRequest) -> str:
             '<item weight="0.1">cites at least two retrieved documents.</item></rubric_items>')
 
 
+def rubricem_solver(req: ScriptRequest) -> str:
+    """Plan and search, then review and answer (report quality k % 3, as the ReAct script's)."""
+    words = _words(req.query)
+    if req.turn == 0:
+        return (f'<plan><rubric_items><item weight="0.6">Explains {words} with a cited document</item>'
+                f'<item weight="0.4">Ends with a conclusion</item></rubric_items></plan><search>{words}</search>')
+    ids = _ID_RE.findall(req.context[len(req.prompt):])
+    review = f"<review>found [{ids[0]}] for the first item</review>" if ids and req.index % 3 != 2 else \
+        "<review>nothing checked</review>"
+    return f"{review}<answer>{report_body(words, ids[0] if ids else None, req.index % 3)}</answer>"
+
+
+def stage_judgement(req: ScriptRequest) -> str:
+    """Stage scores that follow what each stage shows: a plan, searches, a review citing an id, a cited answer."""
+    answer = req.prompt.split("[Answer]", 1)[-1]
+    review = req.prompt.split("[Review]", 1)[-1].split("[Answer]", 1)[0]
+    plan = req.prompt.split("[Plan]", 1)[-1].split("[Research", 1)[0]
+    cited = len(_ID_RE.findall(answer))
+    return (f'<stage_scores plan="{7 if "<item" in plan else 2}" '
+            f'research="{6 if "(no search)" not in req.prompt else 1}" review="{8 if _ID_RE.search(review) else 3}" '
+            f'answer="{min(10, 3 + 3 * cited)}"/>')
+
+
 WORKFLOW_ROLES: dict[str, Callable[[ScriptRequest], str]] = {
     "mams_search": mams_search, "mams_state": mams_state, "mams_report": mams_report, "step": step_judgement,
-    "research": rubric_research, "distil": rubric_distil,
+    "research": rubric_research, "distil": rubric_distil, "rubricem": rubricem_solver, "stage_judge": stage_judgement,
 }

@@ -64,8 +64,9 @@ class GenerationHooks:
             rubrics = StepRubric([rubric_of.first] * len(queries), [], rubric_of.valid, rubric_of.error,
                                  fallback=[bool(rubric_of.fallback and rubric_of.fallback[0])] * len(queries))
         self._release_caches()  # a stage boundary (see _release_caches)
+        memory = getattr(getattr(self, "step_stage", None), "guidance", None)  # RubricEM's reflection memory
         solver = solver_rollouts(self.engine, self.tokenizer, self.retriever, queries, rubrics.per_query,
-                                 self.harness_state, self.rollout_settings)
+                                 self.harness_state, self.rollout_settings, memory(ids) if memory else None)
         return StepRollouts(list(queries), rubrics, evidence, errors, solver, query_ids=ids)
 
     def score(self, ro: StepRollouts) -> StepRewards:

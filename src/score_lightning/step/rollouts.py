@@ -18,6 +18,7 @@ from score_lightning.retrieval.base import RetrievalError, Retriever
 from score_lightning.roles.evidence import EvidenceDoc, evidence_from_hits
 from score_lightning.roles.prompts import format_rubric, scoring_messages, solver_messages
 from score_lightning.roles.rubric import Rubric
+from score_lightning.roles.rubricem_prompts import rubricem_messages
 from score_lightning.rollout.agent import AgentConfig, run_agent
 from score_lightning.rollout.chat import encode_chat, truncate_text
 from score_lightning.rollout.constrained import ScoringConstraint, text_added_tokens
@@ -38,7 +39,7 @@ class RolloutSettings:
     scoring: AgentConfig
     max_report_tokens: int  # each report is cut to this many tokens inside the scoring prompt
     conclusion_line: bool = True  # ask the solver to end with "Conclusion: ..."
-    agent: str = "react"  # solver.agent: react (one ReAct loop) | mams (search / state / report roles)
+    agent: str = "react"  # solver.agent: react (one ReAct loop) | mams (search / state / report roles) | rubricem
     mams: MamsConfig | None = None  # solver.mams.* budgets (solver.agent=mams)
     constrained_scoring: bool = False  # evaluator.constrained_scoring: scoring turns held to the rubric's XML
     constrained_max_chars: dict | None = None  # evaluator.constrained_max_chars: caps of its free-text fields
@@ -96,8 +97,11 @@ def initial_evidence(retriever: Retriever, queries: Sequence[str], topk: int) ->
 
 
 def solver_rollouts(engine: RolloutEngine, tokenizer, retriever: Retriever, queries: Sequence[str],
-                    rubrics: Sequence[Rubric], state: HarnessState, settings: RolloutSettings) -> list[Trajectory]:
-    """K trajectories per query, each conditioned on its query's rubric; query-major order."""
+                    rubrics: Sequence[Rubric], state: HarnessState, settings: RolloutSettings,
+                    guidance: Sequence[str] | None = None) -> list[Trajectory]:
+    """K trajectories per query, each conditioned on its query's rubric; query-major order.
+
+    ``solver.agent=rubricem``: the four-stage prompt, with each query's reflection-memory ``guidance``."""
     if settings.agent == "mams":  # the same K-per-query layout, one segmented trajectory each
         return run_mams(engine, tokenizer, [q for q in queries for _ in range(settings.num_rollouts)],
                         [format_rubric(r, state) for r in rubrics for _ in range(settings.num_rollouts)], retriever,
@@ -105,7 +109,10 @@ def solver_rollouts(engine: RolloutEngine, tokenizer, retriever: Retriever, quer
                                         for k in range(settings.num_rollouts)])
     prompts, metas = [], []
     for qi, (q, rubric) in enumerate(zip(queries, rubrics)):
-        msgs = solver_messages(q, rubric, state, settings.solver.max_tool_calls, settings.conclusion_line)
+        if settings.agent == "rubricem":
+            msgs = rubricem_messages(q, rubric, state, settings.solver.max_tool_calls, guidance[qi] if guidance else "")
+        else:
+            msgs = solver_messages(q, rubric, state, settings.solver.max_tool_calls, settings.conclusion_line)
         ids = encode_chat(tokenizer, msgs, settings.max_prompt_tokens)
         for k in range(settings.num_rollouts):
             prompts.append(ids)

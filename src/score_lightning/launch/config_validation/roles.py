@@ -157,10 +157,19 @@ def check_reward(c: Checks) -> None:
 
 
 def check_solver_workflow(c: Checks) -> None:
-    """``solver.agent`` (react | mams) with the MaMs budgets, and ``reward.step`` (none | rubric)."""
-    c("solver.agent", one_of("react", "mams"), "'react' (one ReAct loop) or 'mams' (search / state / report roles)")
-    c("reward.step", one_of("none", "rubric"), "'none' or 'rubric' (ARCO-style step judgements)")
-    if c.get("reward.step") == "rubric":
+    """``solver.agent`` (react | mams | rubricem) with the MaMs budgets, and ``reward.step`` (none | rubric | stage)."""
+    c("solver.agent", one_of("react", "mams", "rubricem"), "'react' (one ReAct loop), 'mams' (search / state / report "
+      "roles) or 'rubricem' (plan / research / review / answer stages on a self-written rubric)")
+    c("reward.step", one_of("none", "rubric", "stage"), "'none', 'rubric' (ARCO-style step judgements) or 'stage' "
+      "(RubricEM's stage judgements, with solver.agent=rubricem)")
+    if c.get("reward.step") == "stage" and c.get("solver.agent") != "rubricem":
+        c.add(f"reward.step=stage with solver.agent={c.get('solver.agent')!r}: stage credit reads the plan, research, "
+              "review and answer stages only solver.agent=rubricem writes")
+    if c.get("solver.rubricem.reflection", False) is True and (c.get("reward.step") != "stage"
+                                                                or c.get("rollout.mode") == "async"):
+        c.add("solver.rubricem.reflection=true needs reward.step=stage (the stage judgements it distils) and "
+              "rollout.mode=sync (the memory lives in the trainer; a rollout worker would not see it)")
+    if c.get("reward.step") in ("rubric", "stage"):
         c("reward.step_lambda", number(0.0), "a number >= 0 (weight of the step advantage)")
         c("reward.step_max_tokens", integer(8), "an integer >= 8")
         c("reward.step_invalid_reward", number(-1.0, 1.0), "a number in [-1, 1] (valid judgements earn a correlation)")
