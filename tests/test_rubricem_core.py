@@ -133,3 +133,23 @@ def test_stage_credit_and_reflection_are_refused_where_they_cannot_apply():
     with pytest.raises(Exception, match="solver.rubricem.reflection=true needs"):
         validate_config(compose(["experiment=rubricem_tiny", "rollout.mode=async"]))
     validate_config(compose(["experiment=rubricem_tiny"]))  # the recipe itself passes
+
+
+def test_the_reflection_memory_resumes_and_writes_the_best_plan_and_the_weakest_stage():
+    import json
+
+    from score_lightning.step.stage_credit import StageCreditSettings, StageCreditStage, reflection
+
+    texts = ["<plan>A</plan><answer>x</answer>", "<plan>B</plan><answer>y</answer>", "<answer>z</answer>"]
+    scores = [{"plan": 0.5, "research": 0.2, "review": 0.6, "answer": 0.9},
+              {"plan": 0.7, "research": 0.4, "review": 0.2, "answer": 0.5}, None]
+    # the best reward (the third) wrote no plan: the next best's plan; research averages 0.3, the lowest
+    assert reflection(texts, scores, [0.4, 0.2, 0.9], 400) == \
+        "A plan that earned the best reward: A Weakest stage last time: research."
+    assert reflection(["<answer>z</answer>"], [None], [1.0], 400) == ""
+    stage = StageCreditStage(StageCreditSettings(reflection=True))
+    stage.memory = {"q1": "guidance"}
+    copy = StageCreditStage(StageCreditSettings(reflection=True))
+    copy.load_state_dict(json.loads(json.dumps(stage.state_dict())))
+    assert copy.memory == {"q1": "guidance"} and copy.guidance(["q1", "q2"]) == ["guidance", ""]
+    assert StageCreditStage(StageCreditSettings()).guidance(["q1"]) is None  # off: no guidance at all

@@ -15,6 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from score_lightning import distributed as D
 from score_lightning import protocol as P
 from score_lightning.roles.rubricem_prompts import (
     PLAN_CLOSE, PLAN_OPEN, REVIEW_CLOSE, REVIEW_OPEN, STAGES, parse_stage_scores, stage_judge_messages,
@@ -91,11 +92,14 @@ class StageCreditStage:
         return [self.memory.get(str(q), "") for q in query_ids] if self.settings.reflection else None
 
     def state_dict(self) -> dict:
-        """Splatted into the checkpoint's ``score`` section."""
-        return {"reflection_memory": dict(self.memory)}
+        """Splatted into the checkpoint's ``score`` section: every rank's memory (a rank remembers the queries it saw;
+        called on every rank, as the rubric buffers are)."""
+        return {"reflection_memory": D.gather_objects(dict(self.memory))}
 
     def load_state_dict(self, state: dict) -> None:
-        self.memory = dict(state.get("reflection_memory") or {})
+        self.memory = {}
+        for part in state.get("reflection_memory") or []:
+            self.memory.update(part)
 
     def judge(self, engine: RolloutEngine, tokenizer, ro, rw, sc: StepScalars) -> StepJudgement:
         s = self.settings
