@@ -26,7 +26,7 @@ from typing import Any
 from score_lightning import protocol as P
 from score_lightning.roles.evidence import EvidenceDoc
 from score_lightning.roles.rubric import fallback_rubric
-from score_lightning.rollout.agent import AgentConfig, run_agent
+from score_lightning.rollout.agent import AgentConfig, parse_search_action, run_agent
 from score_lightning.rollout.chat import encode_chat
 from score_lightning.rubrics.base import RubricContext
 from score_lightning.rubrics.item_writer import external_writer, generate_items
@@ -147,8 +147,6 @@ class DeepResearchRubrics:
     def _research_external(self, ctx: RubricContext, query: str) -> _Research:
         """Stage I on the external writer: each reply either searches (answered by the run's retriever as the next
         user turn) or writes the notes; past ``search_turns`` it is told to write them."""
-        from score_lightning.rollout.agent import parse_search_action
-
         messages, shown, searches = research_messages(query), [], 0
         for _ in range(self.search_turns + 1):
             outcome = self._client.ask(messages, _checked_research, expect=f"a search call or {FINDINGS_CLOSE}")

@@ -13,6 +13,8 @@ from score_lightning import protocol as P
 from score_lightning.rollout.agent import AgentConfig
 
 SOLVER, RUBRIC, SCORING = "solver", "rubric", "scoring"
+#: ``sft.scoring_targets``: kind (a valid report's scores follow its kind) | items (and its evidence-item recall)
+SCORING_TARGETS = ("kind", "items")
 
 
 @dataclass

@@ -17,10 +17,10 @@ Items are built from the passages the prompt shows, so their content follows the
 from __future__ import annotations
 
 import random
-import re
 
 from score_lightning import protocol as P
 from score_lightning.retrieval.base import SearchHit
+from score_lightning.rewards.report_edits import drop_citations
 from score_lightning.rollout.agent import AgentConfig, format_observation
 from score_lightning.rollout.chat import encode_chat
 from score_lightning.rubrics.items import ITEMS_CLOSE, ITEMS_OPEN, Item, contrast_messages, init_messages, parse_items
@@ -34,7 +34,6 @@ from score_lightning.sft.text import first_sentence, query_entities, query_keywo
 
 ITEMS_INIT, ITEMS_CONTRAST, RESEARCH, DISTIL = "items_init", "items_contrast", "research", "distil"
 ITEM_KINDS = (ITEMS_INIT, ITEMS_CONTRAST, RESEARCH, DISTIL)
-_CITE_RE = re.compile(r"\s*\[[^\]\s]+\]")
 
 # The shapes the rubric sources use by default (EvolvingRubrics, DeepResearchRubrics): the demos follow them so that
 # rler_tiny and drrubric_tiny share one cold start.
@@ -107,7 +106,7 @@ def contrast_group(ctx: DemoContext, rng: random.Random, query: str, n: int) -> 
     best = answer_for(ctx, rng, query, hits, None, 2)
     if not best or "[" not in best:
         return []
-    worst = _uncited(best)
+    worst = drop_citations(best)
     names = _names(ctx, query)
     evidence = [e for hs in hits for e in _shown(ctx, hs, ctx.b.max_observation_tokens)]
     current = evidence_items(rng, names, evidence, rng.randint(2, 3)) if evidence else []
@@ -176,7 +175,3 @@ def _research_plan(ctx: DemoContext, rng: random.Random, query: str) -> tuple[li
 
 def _first(hit: SearchHit) -> str:
     return first_sentence(hit.text[:PASSAGE_CHARS], 12)
-
-
-def _uncited(report: str) -> str:
-    return _CITE_RE.sub("", report)

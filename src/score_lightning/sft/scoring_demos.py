@@ -36,8 +36,6 @@ _BASE_SCORES = {"good": 8, "partial": 6, "no_citation": 4, "fake_citation": 3, "
 #: how often each kind is drawn: close to what the evaluator meets at the first RL steps, where a third to
 #: a half of the cold start's answers are invalid, most of them never closed ("(no report)") or uncited
 _KIND_WEIGHTS = (0.3, 0.1, 0.15, 0.05, 0.1, 0.05, 0.05, 0.2)
-#: ``sft.scoring_targets``: kind (a valid report's scores follow its kind) | items (and its evidence-item recall)
-SCORING_TARGETS = ("kind", "items")
 #: kinds of valid reports: under ``sft.scoring_targets=items`` their base score follows their item recall
 _VALID_KINDS = ("good", "partial")
 #: kinds whose citations are not grounded in the report's own searches

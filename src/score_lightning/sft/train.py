@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from score_lightning.sft.demo_types import Demo, DemoBudgets, ReportShape
 from score_lightning.sft.demos import build_demos, demo_summary
-from score_lightning.sft.scoring_demos import SCORING_TARGETS
+from score_lightning.sft.demo_types import SCORING_TARGETS
 from score_lightning.sft.workflow_demos import WorkflowDemoSpec, workflow_kinds
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,6 @@ advantage from its final reward (``reward.stage_lambda``); tokens outside every 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -26,7 +25,7 @@ from score_lightning.rollout.stages import stage_spans
 from score_lightning.rollout.stops import TagStops
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_rows import TokenBonus
-from score_lightning.step.step_rewards import StepJudgement
+from score_lightning.step.step_rewards import StepJudgement, normalised
 
 
 def stage_advantages(scores: Sequence[Mapping[str, float] | None], k: int,
@@ -34,17 +33,11 @@ def stage_advantages(scores: Sequence[Mapping[str, float] | None], k: int,
     """Â per trajectory and stage, each stage normalised over its query group of ``k`` trajectories."""
     out: list[dict[str, float]] = [{} for _ in scores]
     for g in range(0, len(scores), k):
-        group = list(range(g, min(g + k, len(scores))))
+        group = range(g, min(g + k, len(scores)))
         for stage in STAGES:
-            vals = [(i, scores[i][stage]) for i in group if scores[i] is not None and stage in scores[i]]
-            xs = [v for _, v in vals]
-            mean = sum(xs) / len(xs) if xs else 0.0
-            std = math.sqrt(sum((v - mean) ** 2 for v in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
-            flat = len(xs) < 2 or max(xs) == min(xs)
-            for i in group:
-                out[i][stage] = 0.0
-            for i, v in vals:
-                out[i][stage] = 0.0 if flat else (v - mean) / (std + eps)
+            values = [None if scores[i] is None else scores[i].get(stage) for i in group]
+            for i, a in zip(group, normalised(values, eps)):
+                out[i][stage] = a
     return out
 
 

@@ -177,16 +177,26 @@ class StepRewardStage:
             self.baseline.load_state_dict(state["step_baseline"])
 
 
+def normalised(values: Sequence[float | None], eps: float = 1e-6) -> list[float]:
+    """(v − mean) / (std + ε) over the values present (unbiased std, as GRPO's); 0 for a missing value, and 0 for
+    every value when fewer than two are present or they are all equal."""
+    vals = [v for v in values if v is not None]
+    if len(vals) < 2 or max(vals) == min(vals):
+        return [0.0] * len(values)
+    mean = sum(vals) / len(vals)
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+    return [0.0 if v is None else (v - mean) / (std + eps) for v in values]
+
+
 def group_step_advantages(scores: Sequence[Sequence[float | None]], k: int, eps: float = 1e-6) -> list[list[float]]:
     """Â_j: each scored step normalised over its query's scored steps (unbiased std); 0 where undefined."""
     out: list[list[float]] = []
     for g in range(0, len(scores), k):
         group = scores[g:g + k]
-        vals = [v for row in group for v in row if v is not None]
-        mean = sum(vals) / len(vals) if vals else 0.0
-        std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
-        flat = len(vals) < 2 or max(vals) == min(vals)
-        out.extend([0.0 if (v is None or flat) else (v - mean) / (std + eps) for v in row] for row in group)
+        flat = normalised([v for row in group for v in row], eps)
+        for row in group:
+            out.append(flat[:len(row)])
+            flat = flat[len(row):]
     return out
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from score_lightning.launch.config_validation.values import Checks, integer, number
-from score_lightning.sft.demo_types import ReportShape
+from score_lightning.sft.demo_types import SCORING_TARGETS, ReportShape
 
 _DTYPES = {"float32", "fp32", "bfloat16", "bf16", "float16", "fp16"}  # models.resolve_dtype (no torch import here)
 #: significant bits of each low-precision dtype (the stored mantissa plus the implicit one)
@@ -169,7 +169,7 @@ def check_sft(c: Checks) -> None:
       "null (all weights train) or an integer >= 1 (the top N decoder layers and the final norm train)")
     c("sft.scoring_contrast", lambda v: not isinstance(v, bool) and 0.0 <= float(v) <= 1.0,
       "a share in [0, 1] of scoring prompts built as one report and its minimal edits")
-    c("sft.scoring_targets", lambda v: v in ("kind", "items"),
+    c("sft.scoring_targets", lambda v: v in SCORING_TARGETS,
       "kind (scores follow the report's kind) or items (a valid report's scores also follow its item_recall)")
     try:  # the demo builder's own reading of the shape, so the two cannot disagree
         ReportShape.from_cfg(c.get("sft.report"))
