@@ -8,13 +8,21 @@
     python scripts/bench_learning.py --merge logs/tuning --tag lr2e-4 --conditions score --seeds 0 1 --steps 240 \\
         --horizons 80,160,240 --no-append                             # its table, from the cells on disk
 
-Each (condition, seed) trains from the shared, cached cold start to each horizon in turn (resuming its own
+Each (condition, seed) trains from its recipe's cached cold start to each horizon in turn (resuming its own
 run folder), and every horizon's export is rolled out by ``scripts/evaluate.py`` on the 20 held-out
 embedded queries (which no training batch, cold-start demonstration or tokenizer text contains),
 ``--samples`` times per query at the run's own solver temperature, under the run's own prompt and budgets.
 The card's ``grounded_valid`` is the share of sampled answers valid under the reward's own a(r) rule
-(closed, cited, every citation retrieved). The cold-start model gets the same card once, under the same
-settings (the card comparison refuses any other); learning is the change over it.
+(closed, cited, every citation retrieved). Each condition's cold-start model gets the same card once, under
+that condition's settings (the card comparison refuses any other); learning is the change over it. Conditions
+with one cold start and one set of settings share its card; a relative with its own cold start or workflow is
+measured over its own.
+
+``--evaluator-pairs FILE`` also scores each condition's evaluator on a stored pair set
+(``scripts/bench_evaluator.py --pair-set``) at its cold start and at the last horizon; ``--against NAME`` limits
+the paired differences to each condition against NAME. Each method's health scalars (the rubric writers'
+failures, items per query, the step and stage judges' parse rates, invalid actions) and seconds per step are
+tabled where its cells logged them.
 
 Reported per condition, mean and 95% t-interval over seeds: the change in held-out grounded validity at
 each horizon, the reward's least-squares slope over all steps (per 100 steps), and the paired (same seed)
@@ -41,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from study_cells import run_in_lanes, run_logged, train_horizons, training_summary  # noqa: E402
+from study_cells import evaluator_pairs, run_in_lanes, run_logged, train_horizons, training_summary  # noqa: E402
 from study_report import T975, ci95, fmt, report, summary_lines, write_section  # noqa: E402
 
 CONDITIONS: dict[str, list[str]] = {
@@ -79,6 +87,8 @@ CONDITIONS: dict[str, list[str]] = {
     "rule_valid": ["experiment=rule_tiny", "reward.rule_quality=none"],
 }
 DEFAULT = "frozen_solver,rule,grpo_baseline,score"
+#: conditions trained without an evaluator (a programmatic reward): ``--evaluator-pairs`` skips them
+NO_EVALUATOR = {"rule", "rule_valid", "rule_items", "smol_rule", "smol_rule_valid"}
 CARD_KEYS = ("grounded_valid", "format_valid", "citation_precision", "coverage", "item_recall", "citations", "length")
 
 
@@ -122,25 +132,71 @@ def card_values(card: dict) -> dict:
 
 
 def run_cell(cond: str, seed: int, horizons: list[int], out: Path, tag: str, extra: list[str], samples: int,
-             train_only: bool, threads: int | None) -> dict | None:
-    """Train one (condition, seed) to every horizon and card each export; ``result.json`` caches it."""
+             train_only: bool, threads: int | None, pair_set: Path | None = None) -> dict | None:
+    """Train one (condition, seed) to every horizon and card each export; ``result.json`` caches it.
+    ``pair_set``: also score the condition's evaluator on that stored pair set at its cold start and at the end."""
     run = cell_dir(out, cond, tag, seed)
     done = run / "result.json"
-    if done.exists():
-        return json.loads(done.read_text())
     extra = extra + ([f"threads.num={threads}"] if threads else [])
-    exports = train_horizons(CONDITIONS[cond] + extra, seed, horizons, run, threads)
-    if train_only:
-        return None
-    cards = {h: card_values(heldout_card(e, run / f"card_s{h}", samples, threads=threads)) for h, e in exports.items()}
-    last = max(horizons)
-    greedy = card_values(heldout_card(exports[last], run / f"card_s{last}_greedy", 1, threads=threads, greedy=True))
-    cold = json.loads((exports[max(horizons)] / "run_config.json").read_text()).get("cold_start_model")
-    result = {"condition": cond, "seed": seed, "tag": tag, "set": extra, "horizons": sorted(horizons),
-              "train": training_summary(run), "heldout": {str(h): c for h, c in cards.items()}, "heldout_greedy": greedy,
-              "export": str(exports[max(horizons)]), "cold_start_model": cold or _model_path(run)}
+    if done.exists():
+        result = json.loads(done.read_text())
+    else:
+        exports = train_horizons(CONDITIONS[cond] + extra, seed, horizons, run, threads)
+        if train_only:
+            return None
+        cards = {h: card_values(heldout_card(e, run / f"card_s{h}", samples, threads=threads)) for h, e in exports.items()}
+        last = max(horizons)
+        greedy = card_values(heldout_card(exports[last], run / f"card_s{last}_greedy", 1, threads=threads, greedy=True))
+        cold = json.loads((exports[max(horizons)] / "run_config.json").read_text()).get("cold_start_model")
+        result = {"condition": cond, "seed": seed, "tag": tag, "set": extra, "horizons": sorted(horizons),
+                  "train": training_summary(run), "heldout": {str(h): c for h, c in cards.items()},
+                  "heldout_greedy": greedy, "export": str(exports[max(horizons)]),
+                  "cold_start_model": cold or _model_path(run)}
+    if pair_set is not None and cond not in NO_EVALUATOR and not result.get("evaluator_pairs"):
+        recipe = CONDITIONS[cond] + extra
+        result["evaluator_pairs"] = {
+            "pair_set": _relative(pair_set),
+            "cold_start": evaluator_pairs(pair_set, recipe, out / f"evaluator_cold@{tag or 'default'}" / cond,
+                                          threads=threads),
+            "end": evaluator_pairs(pair_set, recipe, run / "evaluator_pairs", _resolve(result["export"]), threads)}
     done.write_text(json.dumps(result, indent=1))
     return result
+
+
+def cold_cards(results: list[dict], out: Path, tag: str, samples: int, threads: int | None) -> dict[str, dict]:
+    """Each condition's cold start carded once, under that condition's own settings (its first cell's export):
+    relatives start from their own cold starts and roll out their own workflows, so each change is measured
+    over its own starting point. Conditions sharing a cold start and settings share one card. Every cell's
+    cards must have been made under its cold card's settings."""
+    from score_lightning.evaluation.settings import describe_diff, settings_diff
+
+    made: list[tuple[Path, dict, dict]] = []
+    colds: dict[str, dict] = {}
+    for cond in dict.fromkeys(r["condition"] for r in results):
+        first = next(r for r in results if r["condition"] == cond)
+        ref, model = _resolve(first["export"]), _resolve(first["cold_start_model"])
+        if not model.is_dir():
+            raise SystemExit(f"the cold start {model} is not on this machine; one training step installs it: "
+                             f"python src/train.py {' '.join(CONDITIONS[cond])} trainer.max_steps=1")
+        settings = first["heldout"][str(max(map(int, first["heldout"])))].get("settings")
+        card = next((c for m, s, c in made if m == model and not settings_diff(s, settings)), None)
+        if card is None:
+            name = f"{tag or 'default'}-{len(made)}" if made else (tag or "default")
+            card = card_values(heldout_card(model, out / f"cold_start@{name}", samples, settings_of=ref,
+                                            threads=threads))
+            if settings_diff(card.get("settings"), settings):  # a cached card of another merge's settings
+                raise SystemExit(f"{out / f'cold_start@{name}'} was carded under other settings than {cond}'s: "
+                                 f"{describe_diff(card.get('settings'), settings)}; remove it and merge again")
+            card["greedy"] = card_values(heldout_card(model, out / f"cold_start_greedy@{name}", 1, settings_of=ref,
+                                                      threads=threads, greedy=True))
+            made.append((model, settings, card))
+        colds[cond] = card
+    for r in results:  # a delta over the cold start measures the model only under equal settings
+        for h, card in r["heldout"].items():
+            if settings_diff(card.get("settings"), colds[r["condition"]].get("settings")):
+                raise SystemExit(f"{r['condition']}:{r['seed']} at {h} steps was carded under other settings than "
+                                 f"its cold start: {describe_diff(card.get('settings'), colds[r['condition']].get('settings'))}")
+    return colds
 
 
 def archive_cell(result: dict, archive: Path) -> Path:
@@ -204,7 +260,8 @@ def _lanes(args: argparse.Namespace, conditions: list[str], out: Path) -> list[d
     flags = ["--steps", str(args.steps), "--horizons", ",".join(map(str, args.horizons)), "--samples", str(args.samples),
              "--out", str(out.resolve()), "--threads", str(args.threads), *(["--tag", args.tag] if args.tag else []),
              *(["--archive", str(Path(args.archive).resolve())] if args.archive else []),
-             *(["--train-only"] if args.train_only else []), *(["--set", *args.set] if args.set else [])]
+             *(["--train-only"] if args.train_only else []),
+             *(["--evaluator-pairs", str(Path(args.evaluator_pairs).resolve())] if args.evaluator_pairs else []), *(["--set", *args.set] if args.set else [])]
     failed = run_in_lanes(cells, args.lanes, lambda c, s: [sys.executable, __file__, "--only", f"{c}:{s}", *flags],
                           out / "lanes", args.threads)
     if failed:
@@ -236,6 +293,11 @@ def main() -> int:
                     "so a study that spans sessions merges from git, e.g. docs/studies/v9")
     ap.add_argument("--merge", nargs="*", default=None, help="read result.json files below these dirs; train nothing")
     ap.add_argument("--no-append", action="store_true", help="print the table; leave docs/BENCHMARKS.md alone")
+    ap.add_argument("--against", default=None, help="paired differences of each condition against this one only "
+                    "(default: every pair)")
+    ap.add_argument("--evaluator-pairs", default=None, metavar="PAIRS.jsonl",
+                    help="score each condition's evaluator on this stored pair set (bench_evaluator.py --pair-set) "
+                    "at its cold start and at the last horizon")
     ap.add_argument("--figure", default=None, help="write a PNG of the curves and the held-out changes (bench extra)")
     args = ap.parse_args()
     conditions = [c for c in (args.modes or args.conditions).split(",") if c]
@@ -249,7 +311,8 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     def cell(c: str, s: int) -> dict | None:
-        result = run_cell(c, s, horizons, out, args.tag, list(args.set), args.samples, args.train_only, args.threads)
+        result = run_cell(c, s, horizons, out, args.tag, list(args.set), args.samples, args.train_only, args.threads,
+                          Path(args.evaluator_pairs).resolve() if args.evaluator_pairs else None)
         if result is not None and args.archive:
             archive_cell(result, Path(args.archive))
         return result
@@ -273,36 +336,20 @@ def main() -> int:
         results = [cell(c, s) for s in args.seeds + args.tuning_seeds for c in conditions]
     if not results:
         raise SystemExit("no results")
-    # the cold start's card under a run's settings: every card of one table is made under the same ones
+    colds = cold_cards(results, out, args.tag, args.samples, args.threads)
     ref = _resolve(results[0]["export"])
-    cold_model = _resolve(results[0]["cold_start_model"])
-    if not cold_model.is_dir():
-        raise SystemExit(f"the cold start {cold_model} is not on this machine; one training step installs it: "
-                         f"python src/train.py {' '.join(CONDITIONS[results[0]['condition']])} trainer.max_steps=1")
-    cold = card_values(heldout_card(cold_model, out / f"cold_start@{args.tag or 'default'}",
-                                    args.samples, settings_of=ref, threads=args.threads))
-    from score_lightning.evaluation.settings import describe_diff, settings_diff
-
-    for r in results:  # a delta over the cold start measures the model only under equal settings
-        for h in horizons:
-            mine = r["heldout"][str(h)].get("settings")
-            if settings_diff(mine, cold.get("settings")):
-                raise SystemExit(f"{r['condition']}:{r['seed']} at {h} steps was carded under other settings than "
-                                 f"the cold start: {describe_diff(mine, cold.get('settings'))}")
-    cold["greedy"] = card_values(heldout_card(cold_model,
-                                              out / f"cold_start_greedy@{args.tag or 'default'}", 1, settings_of=ref,
-                                              threads=args.threads, greedy=True))
     fresh = [r for r in results if r["seed"] not in args.tuning_seeds]
     tuned = [r for r in results if r["seed"] in args.tuning_seeds]
-    text = report(fresh, cold, conditions, horizons)
+    text = report(fresh, colds, conditions, horizons, args.against)
     if tuned:
-        text += "\n\nTuning seeds (reported apart, never pooled):\n\n" + report(tuned, cold, conditions, horizons)
-    lines = summary_lines(fresh, cold, conditions, args.steps)
+        text += "\n\nTuning seeds (reported apart, never pooled):\n\n" + report(tuned, colds, conditions, horizons,
+                                                                                   args.against)
+    lines = summary_lines(fresh, colds, conditions, args.steps)
     print(text)
     if args.figure:
         from learning_figure import draw
 
-        draw(fresh, cold, conditions, Path(args.figure), T975, str(args.steps), subject=study_subject(ref))
+        draw(fresh, colds, conditions, Path(args.figure), T975, str(args.steps), subject=study_subject(ref))
         print(f"figure: {args.figure}")
     if not args.no_append:
         write_section(text, lines, sys.argv, conditions, sorted({r["seed"] for r in fresh}), horizons, args.samples)

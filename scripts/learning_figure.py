@@ -41,9 +41,10 @@ def _interval(vals: list[float], t975: dict[int, float]) -> tuple[float, float]:
     return mean(vals), h
 
 
-def draw(results: list[dict], baseline_card: dict, conditions: list[str], out: Path, t975: dict[int, float],
+def draw(results: list[dict], colds: dict[str, dict], conditions: list[str], out: Path, t975: dict[int, float],
          horizon: str, subject: str = "the embedded default") -> None:
-    """``results``: the cells' ``result.json`` contents; their held-out cards at ``horizon`` steps are drawn.
+    """``results``: the cells' ``result.json`` contents; their held-out cards at ``horizon`` steps are drawn, each as
+    its change over its condition's cold-start card (``colds[condition]``).
     ``subject`` names the model in the title, so a figure of one study is not read as another's."""
     import matplotlib
 
@@ -71,7 +72,7 @@ def draw(results: list[dict], baseline_card: dict, conditions: list[str], out: P
     for j, c in enumerate(conds):
         rows = [r for r in results if r["condition"] == c]
         for i, (metric, _) in enumerate(CARD_METRICS):
-            m, h = _interval([r["heldout"][horizon].get(metric, math.nan) - baseline_card.get(metric, math.nan)
+            m, h = _interval([r["heldout"][horizon].get(metric, math.nan) - colds[c].get(metric, math.nan)
                               for r in rows], t975)
             ax.errorbar(i - 0.4 + width * (j + 0.5), m, yerr=h, fmt="o", color=colors[c], capsize=3,
                         label=c if i == 0 else None)

@@ -16,10 +16,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from statistics import mean
+from statistics import mean, median
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_TAGS = ("solver/reward_mean", "solver/reward_validity_part", "solver/reward_score_part")
+#: a method's own health, averaged over its steps: the rubric writers' failures and buffer sizes (RLER,
+#: DR-rubric), the step and stage judges' parse rates (ARCO, RubricEM), the workflows' invalid actions (MaMs)
+HEALTH_TAGS = {"write_fail_mean": "rubric/write_fail_rate", "items_per_query_mean": "rubric/buffer_size",
+               "step_judge_valid_mean": "evaluator/step_rubric_valid_rate",
+               "stage_judge_valid_mean": "stage/judge_valid_rate", "invalid_actions_mean": "rollout/invalid_actions",
+               "evaluator_valid_pair_acc_mean": "evaluator/valid_pair_acc"}
+STEP_TIME_TAGS = ("time/rollout_s", "time/scoring_s", "time/update_s")
 
 
 def run_logged(cmd: list[str], log: Path, threads: int | None = None) -> None:
@@ -102,8 +109,21 @@ def training_summary(run: Path) -> dict:
                      ("mismatch_kl_mean", "rollout/mismatch_kl")):
         vals = [v for v in sc.get(tag, []) if math.isfinite(v)]
         out[key] = mean(vals) if vals else math.nan
+    # each method's own health (NaN where the method does not log it) and what a step costs
+    for key, tag in HEALTH_TAGS.items():
+        vals = [v for v in sc.get(tag, []) if math.isfinite(v)]
+        out[key] = mean(vals) if vals else math.nan
+    out["seconds_per_step"] = step_seconds(sc)
     out["steps"] = len(sc.get("solver/reward_mean", []))
     return out
+
+
+def step_seconds(sc: dict[str, list[float]]) -> float:
+    """Median wall seconds of a step: rollout + scoring + update, as the step logs them (NaN without them)."""
+    parts = [sc.get(tag, []) for tag in STEP_TIME_TAGS]
+    n = min((len(p) for p in parts), default=0)
+    totals = sorted(sum(p[i] for p in parts) for i in range(n))
+    return median(totals) if totals else math.nan
 
 
 def run_in_lanes(cells: list[tuple[str, int]], lanes: int, command_of, log_dir: Path,
@@ -130,3 +150,37 @@ def run_in_lanes(cells: list[tuple[str, int]], lanes: int, command_of, log_dir: 
 
     with ThreadPoolExecutor(max_workers=max(1, lanes)) as pool:
         return [f for f in pool.map(one, cells) if f is not None]
+
+
+def evaluator_pairs(pair_set: Path, overrides: list[str], out: Path, model: Path | None = None,
+                    threads: int | None = None) -> dict[str, float]:
+    """The recipe's evaluator on a stored pair set (``scripts/bench_evaluator.py --pair-set``, scoring seed 1):
+    ``model`` an export, or None for the recipe's own cold start. The parsed last line, cached in ``out``."""
+    import json
+
+    done = out / "evaluator_pairs.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "bench_evaluator.log"
+    run_logged([sys.executable, "scripts/bench_evaluator.py", "--seed", "1", "--pair-set", str(pair_set),
+                "--out", str(out), *(["--model", str(model)] if model is not None else []), *overrides], log, threads)
+    values = parse_summary_line(log.read_text().strip().splitlines()[-1])
+    done.write_text(json.dumps(values, indent=1))
+    return values
+
+
+def parse_summary_line(line: str) -> dict[str, float]:
+    """``key=value`` fields of a bench script's last line; intervals ``[lo,hi]`` become ``key_lo`` / ``key_hi``."""
+    out: dict[str, float] = {}
+    for field in line.split():
+        key, _, value = field.partition("=")
+        if value.startswith("[") and value.endswith("]"):
+            lo, _, hi = value[1:-1].partition(",")
+            out[f"{key.removesuffix('_ci')}_lo"], out[f"{key.removesuffix('_ci')}_hi"] = float(lo), float(hi)
+        else:
+            try:
+                out[key] = float(value)
+            except ValueError:
+                continue
+    return out

@@ -72,9 +72,11 @@ def paired(results: list[dict], a: str, b: str, value) -> list[float]:
     return [value(by[(a, s)]) - value(by[(b, s)]) for s in seeds]
 
 
-def report(results: list[dict], cold: dict, conditions: list[str], horizons: list[int]) -> str:
-    """Per condition: the held-out change at each horizon, the reward slope, the training gains; then the
-    paired differences of every pair of conditions at the last horizon."""
+def report(results: list[dict], colds: dict[str, dict], conditions: list[str], horizons: list[int],
+           against: str | None = None) -> str:
+    """Per condition: the held-out change at each horizon over its own cold start (``colds[condition]``), the
+    reward slope, the training gains; each method's health and cost where any cell logged them; then the paired
+    differences at the last horizon, of every pair of conditions or (``against``) of each against that one."""
     last = max(horizons)
     conds = [c for c in conditions if any(r["condition"] == c for r in results)]
     head = (["condition", "seeds"] + [f"Δ grounded valid @{h}" for h in horizons]
@@ -85,6 +87,7 @@ def report(results: list[dict], cold: dict, conditions: list[str], horizons: lis
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for c in conds:
         rows = [r for r in results if r["condition"] == c]
+        cold = colds[c]
         cells = [c, str(len(rows))] + [fmt([delta(r, cold, h) for r in rows]) for h in horizons]
         cells += [fmt([delta(r, cold, last, "item_recall") for r in rows]),
                   fmt([delta(r, cold, last, "citation_precision") for r in rows]),
@@ -94,29 +97,78 @@ def report(results: list[dict], cold: dict, conditions: list[str], horizons: lis
                   fmt([r["train"].get("score_gap_mean", math.nan) for r in rows]),
                   fmt([r["train"].get("rank_tau_mean", math.nan) for r in rows])]
         lines.append("| " + " | ".join(cells) + " |")
-    cold_line = (f"Cold start (the same held-out rollouts and settings): grounded valid {cold.get('grounded_valid', math.nan):.3f}, "
-                 f"format valid {cold.get('format_valid', math.nan):.3f}, citation precision "
-                 f"{cold.get('citation_precision', math.nan):.3f}, item recall {_num(cold.get('item_recall'))}.")
-    pairs = [(a, b) for i, a in enumerate(conds) for b in conds[i + 1:]]
+    lines += health_table(results, conds)
+    lines += ["", *cold_lines(colds, conds)]
+    pairs = ([(c, against) for c in conds if c != against] if against in conds
+             else [(a, b) for i, a in enumerate(conds) for b in conds[i + 1:]])
     if pairs:
-        lines += ["", cold_line, "", f"Paired differences (same seed), at {last} steps:", "",
-                  "| pair | seeds | Δ held-out grounded valid | Δ reward slope /100 steps |", "| --- | --- | --- | --- |"]
+        lines += ["", f"Paired differences (same seed), at {last} steps (each side's change over its own cold start):",
+                  "", "| pair | seeds | Δ held-out grounded valid | Δ held-out item recall | Δ reward slope /100 steps |",
+                  "| --- | --- | --- | --- | --- |"]
         for a, b in pairs:
-            dv = paired(results, a, b, lambda r: delta(r, cold, last))
+            dv = paired(results, a, b, lambda r: delta(r, colds[r["condition"]], last))
+            di = paired(results, a, b, lambda r: delta(r, colds[r["condition"]], last, "item_recall"))
             ds = paired(results, a, b, lambda r: r["train"]["reward_slope"])
-            lines.append(f"| {a} − {b} | {len(dv)} | {fmt(dv)} | {fmt(ds)} |")
-    else:
-        lines += ["", cold_line]
+            lines.append(f"| {a} − {b} | {len(dv)} | {fmt(dv)} | {fmt(di)} | {fmt(ds)} |")
     return "\n".join(lines)
 
 
-def summary_lines(results: list[dict], cold: dict, conditions: list[str], horizon: int) -> list[str]:
-    """One parseable line per condition (the module docstring of ``bench_learning.py``)."""
+#: the health columns (``study_cells.HEALTH_TAGS``' keys) and cost, by header
+HEALTH_COLUMNS = (("rubric write-fail rate", "write_fail_mean"), ("items per query", "items_per_query_mean"),
+                  ("step-judge valid", "step_judge_valid_mean"), ("stage-judge valid", "stage_judge_valid_mean"),
+                  ("invalid actions /step", "invalid_actions_mean"), ("s / step", "seconds_per_step"))
+
+
+def health_table(results: list[dict], conds: list[str]) -> list[str]:
+    """Each method's own health scalars and seconds per step (mean over its steps, then over seeds), and the
+    evaluator's ``valid_pair_acc`` on a stored pair set at the cold start and at the end, where cells have them."""
+    def finite(key: str, rows: list[dict]) -> list[float]:
+        return [v for v in (r["train"].get(key) for r in rows) if v is not None and math.isfinite(v)]
+
+    cols = [(h, k) for h, k in HEALTH_COLUMNS if finite(k, results)]
+    bench = any(r.get("evaluator_pairs") for r in results)
+    if not cols and not bench:
+        return []
+    head = ["condition"] + [h for h, _ in cols] + (["valid-pair acc, cold start → end", "degraded-pair acc, cold start → end"]
+                                                   if bench else [])
+    out = ["", "Health and cost (mean over steps, then ± the 95% t-interval over seeds):", "",
+           "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for c in conds:
+        rows = [r for r in results if r["condition"] == c]
+        cells = [c] + [fmt(finite(k, rows), 2 if k == "seconds_per_step" else 3) if finite(k, rows) else "–"
+                       for _, k in cols]
+        if bench:
+            for key in ("valid_pair_acc", "pair_acc"):
+                start = [(r.get("evaluator_pairs") or {}).get("cold_start", {}).get(key) for r in rows]
+                end = [(r.get("evaluator_pairs") or {}).get("end", {}).get(key) for r in rows]
+                cells.append(f"{fmt(start)} → {fmt(end)}" if any(v is not None for v in end) else "–")
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def cold_lines(colds: dict[str, dict], conds: list[str]) -> list[str]:
+    """One line per distinct cold-start card, naming the conditions measured against it."""
+    groups: dict[int, list[str]] = {}
+    for c in conds:
+        groups.setdefault(id(colds[c]), []).append(c)
+    out = []
+    for members in groups.values():
+        cold = colds[members[0]]
+        out.append(f"Cold start of {', '.join(members)} (the same held-out rollouts and settings): grounded valid "
+                   f"{_num(cold.get('grounded_valid'))}, format valid {_num(cold.get('format_valid'))}, citation "
+                   f"precision {_num(cold.get('citation_precision'))}, item recall {_num(cold.get('item_recall'))}.")
+    return out
+
+
+def summary_lines(results: list[dict], colds: dict[str, dict], conditions: list[str], horizon: int) -> list[str]:
+    """One parseable line per condition (the module docstring of ``bench_learning.py``), each over its own cold
+    start (``colds[condition]``)."""
     out = []
     for c in conditions:
         rows = [r for r in results if r["condition"] == c]
         if not rows:
             continue
+        cold = colds[c]
         dv, dv_ci = interval([delta(r, cold, horizon) for r in rows])
         dr, dr_ci = interval([delta(r, cold, horizon, "item_recall") for r in rows])
         sl, sl_ci = interval([r["train"]["reward_slope"] for r in rows])

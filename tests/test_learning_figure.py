@@ -32,7 +32,7 @@ def test_draw_writes_a_png(tmp_path):
                 "heldout": {"160": {k: v + 0.01 * s for k, v in card.items()}}}
                for c in ("score", "grpo_baseline") for s in (31, 32, 33)]
     out = tmp_path / "fig" / "study.png"
-    draw(results, card, ["score", "grpo_baseline"], out, T975, "160")
+    draw(results, {"score": card, "grpo_baseline": card}, ["score", "grpo_baseline"], out, T975, "160")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
 
 
@@ -104,12 +104,12 @@ def test_study_summary_lines_and_paired_differences_by_hand():
             cells.append({"condition": cond, "seed": seed,
                           "heldout": {"160": {"grounded_valid": 0.1 + g, "item_recall": 0.05 + g / 2}},
                           "train": {"reward_slope": g, "validity_slope": g}})
-    lines = summary_lines(cells, cold, ["rule", "frozen_solver"], 160)
+    lines = summary_lines(cells, {"rule": cold, "frozen_solver": cold}, ["rule", "frozen_solver"], 160)
     half = t975[2] * 0.1 / math.sqrt(3)  # stdev(0.2, 0.3, 0.4) = 0.1
     assert lines[0] == (f"condition=rule seeds=3 heldout_valid_delta=+0.300 heldout_valid_delta_ci=[{0.3 - half:+.3f},"
                         f"{0.3 + half:+.3f}] heldout_recall_delta=+0.150 heldout_recall_delta_ci=[{0.15 - half / 2:+.3f},"
                         f"{0.15 + half / 2:+.3f}] reward_slope=+0.300 reward_slope_ci=[{0.3 - half:+.3f},{0.3 + half:+.3f}]")
-    text = report(cells, cold, ["rule", "frozen_solver"], [160])
+    text = report(cells, {"rule": cold, "frozen_solver": cold}, ["rule", "frozen_solver"], [160])
     paired = next(line for line in text.splitlines() if line.startswith("| rule − frozen_solver"))
     diffs = [0.2, 0.25, 0.45]  # rule minus frozen, seed by seed
     m, h = sum(diffs) / 3, t975[2] * __import__("statistics").stdev(diffs) / math.sqrt(3)
@@ -160,13 +160,16 @@ def test_lanes_pass_each_cell_the_studys_flags_and_merge_what_finished(tmp_path,
 
     monkeypatch.setattr(bench_learning, "run_in_lanes", fake_lanes)
     args = argparse.Namespace(threads=None, lanes=2, seeds=[41, 42], tuning_seeds=[], steps=40, horizons=[20, 40],
-                              samples=8, tag="", archive="docs/studies/x", train_only=False, set=["optim.lr=2e-4"])
+                              samples=8, tag="", archive="docs/studies/x", train_only=False, set=["optim.lr=2e-4"],
+                              evaluator_pairs="pairs.jsonl")
     results = bench_learning._lanes(args, ["rule", "score"], tmp_path / "out")
     assert seen["cells"] == [("rule", 41), ("score", 41), ("rule", 42), ("score", 42)] and seen["lanes"] == 2
     cmd = seen["cmd"]
     assert cmd[cmd.index("--only") + 1] == "rule:31" and cmd[cmd.index("--horizons") + 1] == "20,40"
     assert cmd[cmd.index("--threads") + 1] == str(seen["threads"]) and seen["threads"] >= 1
     assert Path(cmd[cmd.index("--archive") + 1]).is_absolute() and cmd[-2:] == ["--set", "optim.lr=2e-4"]
+    pairs = Path(cmd[cmd.index("--evaluator-pairs") + 1])  # each cell process gets the pair set, resolved
+    assert pairs.is_absolute() and pairs.name == "pairs.jsonl"
     assert sorted((r["condition"], r["seed"]) for r in results) == sorted(seen["cells"])
 
 
