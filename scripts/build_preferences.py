@@ -8,7 +8,7 @@
 Two pairs per training query, ordered by verifiable ``item_recall``, split 8:1:1 by question
 (:mod:`score_lightning.rubrics.preference_pairs`). Writes the JSONL and ``<name>.manifest.json`` with its sha256
 digest and the items file's; the same items give the same bytes. Last line: ``pairs=N train=a val=b test=c digest=D``.
-``--pair-set SPLIT`` also writes that split as a ``scripts/bench_evaluator.py`` pair set (all ``valid`` pairs), so
+``--pair-set SPLIT`` (``heldout``: ``val`` and ``test`` together) also writes that split as a ``scripts/bench_evaluator.py`` pair set (all ``valid`` pairs), so
 ``bench_evaluator.py --pair-set FILE`` measures a rubric writer's pairwise accuracy, AUC and Cohen's d on held-out
 preference pairs.
 """
@@ -34,8 +34,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--items", default=str(EMBEDDED_ITEMS_PATH), help="an items file (scripts/build_rubrics.py)")
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="the pairs file to write")
-    ap.add_argument("--pair-set", choices=("train", "val", "test"), default=None,
-                    help="also write this split as a bench_evaluator.py pair set")
+    ap.add_argument("--pair-set", choices=("train", "val", "test", "heldout"), default=None,
+                    help="also write this split as a bench_evaluator.py pair set (heldout: val and test together)")
     ap.add_argument("--pair-set-out", default=None, help="where (default: <out dir>/preferences_<split>_pairs.jsonl)")
     args = ap.parse_args(argv)
     pairs = build_pairs(list(load_items(args.items).values()))

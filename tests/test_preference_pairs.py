@@ -84,3 +84,11 @@ def test_a_held_out_split_becomes_a_bench_evaluator_pair_set(tmp_path):
     for p, s in zip(pairs, source):
         assert p.sides[p.better].text == s["chosen"] and p.sides[p.worse].text == s["rejected"]
         assert p.sides[p.better].item_recall > p.sides[p.worse].item_recall
+    # heldout: val and test, the 16 pairs no training step draws, over 8 questions
+    proc = subprocess.run([sys.executable, "scripts/build_preferences.py", "--out", str(tmp_path / "p.jsonl"),
+                           "--pair-set", "heldout"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    held, manifest = read_pair_set(tmp_path / "preferences_heldout_pairs.jsonl")
+    source = [json.loads(line) for line in PACKAGED.read_text().splitlines() if json.loads(line)["split"] != "train"]
+    assert manifest["split"] == "heldout" and len(held) == len(source) == 16
+    assert {p.query_id for p in held} == {s["query_id"] for s in source} and len({s["query_id"] for s in source}) == 8

@@ -32,6 +32,8 @@ from score_lightning.items.format import EvidenceItem, QueryItems
 
 SPLIT_SEED = 0
 SPLIT_SHARES = (("train", 8), ("val", 1), ("test", 1))
+#: the splits training never draws (``rubrics.preference`` trains on ``train`` only)
+HELD_OUT = ("val", "test")
 _QUOTE = re.compile(r'"(.+?)"\s*\(key terms')
 
 
@@ -98,14 +100,15 @@ def pairs_text(pairs: Sequence[dict]) -> str:
 
 
 def as_pair_set(pairs: Sequence[dict], items: dict[str, QueryItems], split: str) -> list:
-    """The ``split`` pairs as ``scripts/bench_evaluator.py`` pairs (kind ``valid``, the chosen side better, sides
+    """The ``split`` pairs (``heldout``: ``val`` and ``test`` together, the pairs no training step draws) as ``scripts/bench_evaluator.py`` pairs (kind ``valid``, the chosen side better, sides
     alternating), so the benchmark measures a rubric writer on held-out preference pairs: pairwise accuracy, AUC and
     Cohen's d with query-bootstrap intervals, the metrics preference-trained rubric generators report."""
     from score_lightning.evaluation.pair_build import VALID, Pair, Side
     from score_lightning.rewards.citations import cited_ids
 
+    wanted = HELD_OUT if split == "heldout" else (split,)
     out = []
-    for i, p in enumerate(x for x in pairs if x["split"] == split):
+    for i, p in enumerate(x for x in pairs if x["split"] in wanted):
         n = len(items[p["query_id"]].items)
 
         def side(text: str, recall: float) -> Side:
