@@ -204,18 +204,30 @@ def test_a_transient_failure_says_why_and_falls_back_to_training(tmp_path, monke
     assert "lora_asset" in caplog.text and "adapter.bin" in caplog.text and "training it instead" in caplog.text
 
 
-@pytest.mark.parametrize("experiment", ["rler_tiny", "drrubric_tiny"])
-def test_the_item_writers_share_one_packaged_cold_start(experiment, tiny_ckpt, corpus_file, cache_dir):
-    """``data/assets/cold_start_items``: tiny_score's demonstrations plus RLER's and DR-rubric's item writing, one
-    package for both experiments (their demos, and so their keys, are the same)."""
+#: each relative's experiment and the packaged cold start it installs (``data/assets/<name>``), with the workflow
+#: demos that make it its own (None: it shares tiny_score's demonstrations, and so its package)
+RELATIVES = {
+    "grpo_baseline": ("cold_start", None), "rule_tiny": ("cold_start", None), "given_tiny": ("cold_start", None),
+    "evorubric_tiny": ("cold_start", None), "preference_tiny": ("cold_start", None),
+    "rler_tiny": ("cold_start_items", "num_items"), "drrubric_tiny": ("cold_start_items", "num_items"),
+    "rubricem_tiny": ("cold_start_rubricem", "num_rubricem"), "mams_tiny": ("cold_start_mams", "num_mams"),
+}
+
+
+@pytest.mark.parametrize("experiment", sorted(RELATIVES))
+def test_every_relative_installs_a_packaged_cold_start(experiment, tiny_ckpt, corpus_file, cache_dir):
+    """Every relative's first run installs a package instead of training for half an hour: its key is the package's.
+    RLER and DR-rubric share ``cold_start_items`` (their demos, and so their keys, are the same)."""
     from score_lightning.sft.asset import ASSETS
 
-    asset = ASSETS / "cold_start_items"
+    name, demos = RELATIVES[experiment]
+    asset = ASSETS / name
     cfg = compose([f"experiment={experiment}", f"paths.cache_dir={cache_dir}"])
     out, inputs = sft_output_path(cfg, str(tiny_ckpt))
     assert packaged_key(asset) == out.name, (
-        f"data/assets/cold_start_items is stale for experiment={experiment}: run `python scripts/build_cold_start.py "
-        "--asset cold_start_items experiment=rler_tiny`")
-    assert inputs["workflow_demos"]["num_items"] > 0
-    files = json.loads((asset / MANIFEST).read_text())["files"]
-    assert all(file_sha256(asset / name) == digest for name, digest in files.items())
+        f"data/assets/{name} is stale for experiment={experiment}: run `python scripts/build_cold_start.py "
+        f"--threads 1 --asset {name} experiment={experiment}`")
+    if demos is not None:
+        assert inputs["workflow_demos"][demos] > 0
+        files = json.loads((asset / MANIFEST).read_text())["files"]
+        assert all(file_sha256(asset / file) == digest for file, digest in files.items())

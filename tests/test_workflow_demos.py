@@ -100,3 +100,27 @@ def test_item_writing_demos_for_rler_and_drrubric_are_valid_and_shared(tokenizer
                     assert f"[{doc}]" in prompt, (it.text, kind)
             if kind in ("items_init", "distil"):
                 assert any(it.negative for it in items) and any("[" in it.text for it in items)
+
+
+def test_rubricem_demos_are_valid_and_leave_the_item_writers_key_alone(tokenizer, bm25, queries):
+    """RubricEM's four-stage trajectories and stage judgements, in the RL prompt formats; adding them changed no
+    other workflow's key (the item writers' packaged cold start still matches: tests/test_cold_start_asset.py)."""
+    from score_lightning.roles.rubricem_prompts import parse_stage_scores
+    from score_lightning.rollout.stages import stage_spans
+
+    cfg = compose(["experiment=rubricem_tiny"])
+    spec = WorkflowDemoSpec.from_cfg(cfg)
+    assert (spec.num_rubricem, spec.num_stage, spec.num_items) == (480, 480, 0)
+    assert "num_rubricem" not in workflow_key_inputs(compose(["experiment=rler_tiny"]))["workflow_demos"]
+    extra = [type(k)(k.kind, 8, k.per_prompt, k.group) for k in workflow_kinds(spec)]
+    demos, _ = build_demos(tokenizer, bm25, queries, DemoBudgets.from_cfg(cfg), 0, 0, 0, seed=4, extra=extra)
+    em = [d for d in demos if d.kind == "rubricem"]
+    judge = [d for d in demos if d.kind == "stage_judge"]
+    assert len(em) >= 4 and len(judge) >= 4
+    for d in em:
+        spans = stage_spans(d.response_ids[:-1], tokenizer.decode)
+        assert set(spans) == {"plan", "research", "review", "answer"}, tokenizer.decode(d.response_ids)
+        assert 0 in d.response_mask  # real observations, masked
+    for d in judge:
+        scores = parse_stage_scores(tokenizer.decode(d.response_ids[:-1]))
+        assert scores is not None and all(abs(scores[k] * 10 - d.meta[k]) < 1e-9 for k in scores)

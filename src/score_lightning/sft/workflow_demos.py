@@ -26,12 +26,16 @@ from score_lightning.sft.item_demos import (
     DISTIL, ITEMS_CONTRAST, ITEMS_INIT, RESEARCH, contrast_group, distil_group, init_group, research_group,
 )
 from score_lightning.sft.mams_demos import mams_group
+from score_lightning.sft.rubricem_demos import RUBRICEM, STAGE_JUDGE, rubricem_group, stage_judge_group
 from score_lightning.sft.step_demos import STEP, step_group
 
 #: Bump whenever the workflow demonstrations change (only workflow runs' caches are rebuilt).
 WORKFLOW_DEMO_VERSION = 3  # 2: step-judgement prompts show the step's passages; 3: item-writing demos
 MAMS_KINDS = ("mams_search", "mams_state", "mams_report")
-_DEFAULTS = {"mams": 240, "mams_per_prompt": 2, "step": 480, "step_per_prompt": 4, "items": 240, "items_per_prompt": 4}
+_DEFAULTS = {"mams": 240, "mams_per_prompt": 2, "step": 480, "step_per_prompt": 4, "items": 240, "items_per_prompt": 4,
+             "rubricem": 480, "rubricem_per_prompt": 4, "stage": 480, "stage_per_prompt": 4}
+#: spec fields added after cold starts were packaged: left out of the key while their kind is off (keys unchanged)
+_LATER_FIELDS = {"num_rubricem": ("num_rubricem", "rubricem_per_prompt"), "num_stage": ("num_stage", "stage_per_prompt")}
 #: the rubric sources whose writer writes <rubric_items> (their runs get the item-writing demos)
 ITEM_WRITERS = ("EvolvingRubrics", "DeepResearchRubrics")
 
@@ -59,26 +63,41 @@ class WorkflowDemoSpec:
     step_max_tokens: int = 96
     num_items: int = 0  # demos of each item-writing kind (RLER's contrast kind: half as many)
     items_per_prompt: int = 4
+    num_rubricem: int = 0  # RubricEM's four-stage trajectories (solver.agent=rubricem)
+    rubricem_per_prompt: int = 4
+    num_stage: int = 0  # RubricEM's stage judgements (reward.step=stage)
+    stage_per_prompt: int = 4
 
     @classmethod
     def from_cfg(cls, cfg) -> "WorkflowDemoSpec | None":
         mams = str(OmegaConf.select(cfg, "solver.agent", default="react")) == "mams"
         step = str(OmegaConf.select(cfg, "reward.step", default="none")) == "rubric"
         items = str(OmegaConf.select(cfg, "rubric._target_", default="")).endswith(ITEM_WRITERS)
-        if not (mams or step or items):
+        rubricem = str(OmegaConf.select(cfg, "solver.agent", default="react")) == "rubricem"
+        stage = str(OmegaConf.select(cfg, "reward.step", default="none")) == "stage"
+        if not (mams or step or items or rubricem or stage):
             return None
         n = {**_DEFAULTS, **(OmegaConf.to_container(cfg.sft.workflow_demos, resolve=True)
                              if OmegaConf.select(cfg, "sft.workflow_demos") else {})}
         return cls(MamsConfig.from_cfg(cfg) if mams else None, int(n["mams"]) if mams else 0, int(n["mams_per_prompt"]),
                    int(n["step"]) if step else 0, int(n["step_per_prompt"]),
                    int(OmegaConf.select(cfg, "reward.step_max_tokens", default=96)),
-                   int(n["items"]) if items else 0, int(n["items_per_prompt"]))
+                   int(n["items"]) if items else 0, int(n["items_per_prompt"]),
+                   int(n["rubricem"]) if rubricem else 0, int(n["rubricem_per_prompt"]),
+                   int(n["stage"]) if stage else 0, int(n["stage_per_prompt"]))
 
 
 def workflow_key_inputs(cfg) -> dict:
     """Extra SFT cache-key inputs of a workflow run; ``{}`` for the default (ReAct, no step rewards)."""
     spec = WorkflowDemoSpec.from_cfg(cfg)
-    return {} if spec is None else {"workflow_demos": {**asdict(spec), "version": WORKFLOW_DEMO_VERSION}}
+    if spec is None:
+        return {}
+    fields = asdict(spec)
+    for switch, names in _LATER_FIELDS.items():
+        if not fields[switch]:
+            for name in names:
+                fields.pop(name)
+    return {"workflow_demos": {**fields, "version": WORKFLOW_DEMO_VERSION}}
 
 
 def workflow_kinds(spec: WorkflowDemoSpec | None) -> list[ExtraKind]:
@@ -98,4 +117,8 @@ def workflow_kinds(spec: WorkflowDemoSpec | None) -> list[ExtraKind]:
                             (DISTIL, distil_group)):
             n = spec.num_items // 2 if kind == ITEMS_CONTRAST else spec.num_items
             kinds.append(ExtraKind(kind, n, spec.items_per_prompt, group))
+    if spec.num_rubricem > 0:
+        kinds.append(ExtraKind(RUBRICEM, spec.num_rubricem, spec.rubricem_per_prompt, rubricem_group))
+    if spec.num_stage > 0:
+        kinds.append(ExtraKind(STAGE_JUDGE, spec.num_stage, spec.stage_per_prompt, stage_judge_group))
     return kinds

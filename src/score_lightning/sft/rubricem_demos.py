@@ -1,0 +1,100 @@
+"""RubricEM's cold-start demonstrations (``solver.agent=rubricem``, ``reward.step=stage``).
+
+* ``rubricem``: four-stage trajectories replayed through the real agent loop: a plan whose items check what the first
+  search shows, 1-3 searches, a review that names the ids found for the plan, and the cited ReAct answer;
+* ``stage_judge``: stage judgements of trajectories of known quality (a plan or none, searches or none, a review that
+  cites what was found or one that does not, a cited or an uncited answer), with scores that follow each stage.
+"""
+
+from __future__ import annotations
+
+import random
+
+from score_lightning import protocol as P
+from score_lightning.roles.rubric import fallback_rubric
+from score_lightning.roles.rubricem_prompts import (
+    PLAN_CLOSE, PLAN_OPEN, REVIEW_CLOSE, REVIEW_OPEN, STAGE_SCORES_TAG, parse_stage_scores, rubricem_messages,
+    stage_judge_messages,
+)
+from score_lightning.rollout.chat import encode_chat
+from score_lightning.sft.context import DemoContext
+from score_lightning.sft.demo_types import Demo, encode
+from score_lightning.sft.item_demos import evidence_items, items_text
+from score_lightning.sft.rubric_demos import random_rubric, random_state
+from score_lightning.sft.solver_demos import answer_for, solver_plan, visible_evidence
+from score_lightning.sft.text import query_entities, query_keywords
+
+RUBRICEM, STAGE_JUDGE = "rubricem", "stage_judge"
+
+
+def _names(ctx: DemoContext, query: str) -> list[str]:
+    return query_entities(query, ctx.known_ids) or query_keywords(query)[:2] or ["the question"]
+
+
+def _plan(rng: random.Random, names: list[str], evidence: list[tuple[str, str]]) -> str:
+    return f"{PLAN_OPEN}{items_text(evidence_items(rng, names, evidence, rng.randint(2, 3)))}{PLAN_CLOSE}"
+
+
+def _review(found: list[str], names: list[str], honest: bool) -> str:
+    if honest and found:
+        return f"{REVIEW_OPEN}Found {', '.join(f'[{d}]' for d in found[:2])} for {names[0]}; the plan's other checks " \
+               f"need the answer to cite them.{REVIEW_CLOSE}"
+    return f"{REVIEW_OPEN}Looks complete.{REVIEW_CLOSE}"
+
+
+def rubricem_group(ctx: DemoContext, rng: random.Random, query: str, n: int) -> list[Demo]:
+    """``n`` four-stage trajectories for one prompt (one harness state and rubric), within the solver's budgets."""
+    b = ctx.b
+    state = random_state(rng, ctx.base, b.evaluator_max_tool_calls)
+    rubric = fallback_rubric(state) if rng.random() < 0.4 else random_rubric(rng, state)
+    prompt = encode_chat(ctx.tok, rubricem_messages(query, rubric, state, b.solver_max_tool_calls))
+    if len(prompt) > b.max_prompt_tokens:
+        return []
+    names = _names(ctx, query)
+    out = []
+    for _ in range(n):
+        sub = random.Random(rng.random())
+        for attempt in range(3):
+            qs, hits = solver_plan(ctx, sub, query, max(1, min(b.solver_max_tool_calls, sub.randint(1, 3) - attempt)))
+            shown = [(e.doc_id, e.sentence) for hs in hits for e in visible_evidence(ctx.tok, hs, b.max_observation_tokens)]
+            answer = answer_for(ctx, sub, query, hits, rubric, max(1, 2 - attempt))
+            if not shown or not answer:
+                continue
+            turns = [f"{_plan(sub, names, shown[:2])}{P.SEARCH_OPEN}{qs[0]}{P.SEARCH_CLOSE}"]
+            turns += [f"{P.SEARCH_OPEN}{q}{P.SEARCH_CLOSE}" for q in qs[1:]]
+            turns.append(f"{_review([d for d, _ in shown], names, True)}{P.ANSWER_OPEN}{answer}{P.ANSWER_CLOSE}")
+            traj = ctx.script(turns, prompt, b.solver_agent())
+            if traj.finished and not traj.truncated and len(traj.response_ids) + 1 <= b.solver_max_response_tokens \
+                    and traj.search_queries == qs:
+                out.append(Demo(RUBRICEM, prompt, traj.response_ids + [ctx.eos], traj.response_mask + [1],
+                                meta={"query": query, "search_queries": list(qs), "answer": answer}))
+                break
+    return out
+
+
+def stage_judge_group(ctx: DemoContext, rng: random.Random, query: str, n: int, max_tokens: int = 96) -> list[Demo]:
+    """``n`` judgements of one trajectory of known quality: each stage's score follows what that stage shows."""
+    qs, hits = solver_plan(ctx, rng, query, rng.randint(1, 2))
+    shown = [(e.doc_id, e.sentence) for hs in hits for e in visible_evidence(ctx.tok, hs, ctx.b.max_observation_tokens)]
+    answer = answer_for(ctx, rng, query, hits, None, 2)
+    if not shown or not answer:
+        return []
+    names = _names(ctx, query)
+    has_plan, searched, honest, cited = (rng.random() < p for p in (0.75, 0.8, 0.6, 0.7))
+    plan = _plan(rng, names, shown[:2])[len(PLAN_OPEN):-len(PLAN_CLOSE)] if has_plan else ""
+    review = _review([d for d, _ in shown], names, honest)[len(REVIEW_OPEN):-len(REVIEW_CLOSE)]
+    text = answer if cited else " ".join(w for w in answer.split() if not w.startswith("["))
+    prompt = encode_chat(ctx.tok, stage_judge_messages(query, plan, qs if searched else [], review, text))
+    if len(prompt) > ctx.b.max_prompt_tokens:
+        return []
+    base = {"plan": 7 if has_plan else 1, "research": 7 if searched else 1, "review": 8 if honest else 3,
+            "answer": 8 if cited else 3}
+    out = []
+    for _ in range(n):
+        j = {k: int(min(10, max(0, v + rng.choice((-1, 0, 0, 1))))) for k, v in base.items()}
+        line = f"<{STAGE_SCORES_TAG} " + " ".join(f'{k}="{v}"' for k, v in j.items()) + "/>"
+        ids = encode(ctx.tok, line)
+        if parse_stage_scores(line) is None or len(ids) >= max_tokens:
+            continue
+        out.append(Demo(STAGE_JUDGE, prompt, ids + [ctx.eos], [1] * (len(ids) + 1), meta={"query": query, **j}))
+    return out
