@@ -268,7 +268,8 @@ def _lanes(args: argparse.Namespace, conditions: list[str], out: Path) -> list[d
         raise SystemExit("cells failed (rerun the same command: finished cells are kept, a stopped one resumes):\n  "
                          + "\n  ".join(failed))
     wanted = set(cells)
-    return [r for r in load_results([out], args.tag) if (r["condition"], r["seed"]) in wanted]
+    found = load_results([out, *([Path(args.archive)] if args.archive else [])], args.tag)
+    return [r for r in found if (r["condition"], r["seed"]) in wanted]
 
 
 def main() -> int:
@@ -311,6 +312,9 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     def cell(c: str, s: int) -> dict | None:
+        archived = cell_dir(Path(args.archive), c, args.tag, s) / "result.json" if args.archive else None
+        if archived is not None and archived.is_file() and not (cell_dir(out, c, args.tag, s) / "result.json").is_file():
+            return json.loads(archived.read_text())  # finished in an earlier session whose logs/ is gone: kept
         result = run_cell(c, s, horizons, out, args.tag, list(args.set), args.samples, args.train_only, args.threads,
                           Path(args.evaluator_pairs).resolve() if args.evaluator_pairs else None)
         if result is not None and args.archive:

@@ -136,3 +136,20 @@ def test_cold_cards_share_one_card_per_cold_start_and_settings_and_refuse_a_mism
     stray["heldout"]["160"]["settings"] = {"agent": "react", "temperature": 0.7}
     with pytest.raises(SystemExit, match="score:2 at 160 steps was carded under other settings"):
         bench_learning.cold_cards([*results, stray], tmp_path / "out2", "", 2, None)
+
+
+def test_a_cell_archived_in_an_earlier_session_is_not_trained_again(tmp_path):
+    """A study spans sessions and ``logs/`` does not: a cell whose result is in ``--archive`` but not in ``--out`` is
+    taken from the archive (no training: the command returns at once with the archived result)."""
+    import subprocess
+
+    archived = {"condition": "score", "seed": 61, "tag": "", "heldout": {"160": {"grounded_valid": 0.25}}}
+    cell = tmp_path / "archive" / "score" / "seed61"
+    cell.mkdir(parents=True)
+    (cell / "result.json").write_text(json.dumps(archived))
+    proc = subprocess.run([sys.executable, "scripts/bench_learning.py", "--only", "score:61", "--steps", "160",
+                           "--out", str(tmp_path / "logs"), "--archive", str(tmp_path / "archive")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == archived
+    assert not (tmp_path / "logs" / "score").exists()  # nothing trained, nothing carded
