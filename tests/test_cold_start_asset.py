@@ -211,6 +211,8 @@ RELATIVES = {
     "evorubric_tiny": ("cold_start", None), "preference_tiny": ("cold_start", None),
     "rler_tiny": ("cold_start_items", "num_items"), "drrubric_tiny": ("cold_start_items", "num_items"),
     "rubricem_tiny": ("cold_start_rubricem", "num_rubricem"), "mams_tiny": ("cold_start_mams", "num_mams"),
+    "arco_tiny": ("cold_start_arco", "num_step"),
+    "rler_tiny rubric.evolve=false": ("cold_start_items", "num_items"),  # RLER's initial-items-only ablation
 }
 
 
@@ -222,7 +224,7 @@ def test_every_relative_installs_a_packaged_cold_start(experiment, tiny_ckpt, co
 
     name, demos = RELATIVES[experiment]
     asset = ASSETS / name
-    cfg = compose([f"experiment={experiment}", f"paths.cache_dir={cache_dir}"])
+    cfg = compose([f"experiment={experiment.split()[0]}", *experiment.split()[1:], f"paths.cache_dir={cache_dir}"])
     out, inputs = sft_output_path(cfg, str(tiny_ckpt))
     assert packaged_key(asset) == out.name, (
         f"data/assets/{name} is stale for experiment={experiment}: run `python scripts/build_cold_start.py "
