@@ -280,3 +280,22 @@ def test_discriminative_reward_pools_group_spreads(tokenizer):
     rewards, consistency = sample_rewards("discriminative", ro, rw, StepScalars(), 3, 0.0)
     # std(0.2, 0.6, 0.4) and std(0.5, 0.5) = 0 pooled over the two queries with two or more valid reports
     assert rewards[0] == pytest.approx((part[:3].std(unbiased=False).item() + 0.0) / 2)
+
+
+def test_discriminative_reward_without_a_valid_group_is_no_signal(tokenizer):
+    """A step where no query has two valid reports (common at a tiny cold start) gives the rubric no reward and logs
+    NaN, instead of failing the step: the tag exists on every rank, so the collective reduction stays in step."""
+    from score_lightning.step.evaluator_phase import sample_rewards
+    from score_lightning.step.scalars import StepScalars
+    from score_lightning.step.types import RubricSample, StepRubric
+
+    part = torch.tensor([0.2, 0.0, 0.0, 0.7, 0.0, 0.0])
+    valid = [True, False, False, True, False, False]  # one valid report per query: no spread anywhere
+    rw = SimpleNamespace(answers=[SimpleNamespace(valid=v, answer="r" if v else None) for v in valid],
+                         rubric_part=part, rewards=part + 1)
+    rubric = Rubric(("factual_support",), (1.0,))
+    ro = SimpleNamespace(rubrics=StepRubric([rubric] * 2, [(RubricSample(rubric, True, "", [1], [2], [1]), None)]))
+    sc = StepScalars()
+    rewards, _ = sample_rewards("discriminative", ro, rw, sc, 3, 0.0)
+    assert rewards == [None]  # no signal: the sample is left out of the REINFORCE update
+    assert math.isnan(sc.compute()["evaluator/discriminative"])

@@ -31,6 +31,7 @@ def sample_rewards(kind: str, ro: StepRollouts, rw: StepRewards, sc: StepScalars
     """Each rubric sample's R_eval under ``evaluator.reward``, and the pooled consistency (always logged)."""
     sc.consistency.update(ER.valid_conclusion_groups(rw.answers, num_reports))
     if kind == "discriminative":
+        sc.mean("evaluator/discriminative", 0.0, 0)  # every rank creates the tag, even with no valid group to spread
         for spread in ER.group_spreads(rw.rubric_part, [bool(a.valid and a.answer) for a in rw.answers], num_reports):
             if spread is not None:  # a query with fewer than two valid reports has no spread to reward
                 sc.mean("evaluator/discriminative", spread, 1)
