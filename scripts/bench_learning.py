@@ -289,7 +289,8 @@ def main() -> int:
     ap.add_argument("--only", default=None, help="run one cell CONDITION:SEED and stop (one machine of many)")
     ap.add_argument("--train-only", action="store_true", help="with --only: train (every horizon), card later")
     ap.add_argument("--lanes", type=int, default=1, help="run the cells as N processes at a time (seed-major), "
-                    "each with --threads torch threads (default: the CPUs / N), then merge them")
+                    "each with --threads torch threads (default: the CPUs / N), then merge them; a failed cell is "
+                    "listed at the end (exit 1) and the others still run")
     ap.add_argument("--archive", default=None, help="copy each finished cell's result here (a tracked folder), "
                     "so a study that spans sessions merges from git, e.g. docs/studies/v9")
     ap.add_argument("--merge", nargs="*", default=None, help="read result.json files below these dirs; train nothing")
@@ -330,14 +331,12 @@ def main() -> int:
     if args.merge is not None:
         results = load_results([out, *map(Path, args.merge)], args.tag)
         results = [r for r in results if r["condition"] in conditions and r["seed"] in args.seeds + args.tuning_seeds]
-    elif args.lanes > 1:
+    else:  # each cell its own process, N at a time: a failed cell is reported at the end and stops no other cell
         results = _lanes(args, conditions, out)
         if args.train_only:
             print(f"trained {len(conditions) * len(args.seeds + args.tuning_seeds)} cells; card them with --lanes "
                   f"{args.lanes} without --train-only")
             return 0
-    else:
-        results = [cell(c, s) for s in args.seeds + args.tuning_seeds for c in conditions]
     if not results:
         raise SystemExit("no results")
     colds = cold_cards(results, out, args.tag, args.samples, args.threads)

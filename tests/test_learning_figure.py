@@ -186,3 +186,24 @@ def test_the_figure_names_the_model_the_study_trained(tmp_path):
     assert study_subject(tmp_path) == "/models/lm"
     (tmp_path / "run_config.json").write_text(json.dumps({"model": {"name_or_path": None, "tiny": {"layers": 2}}}))
     assert study_subject(tmp_path) == "the embedded default"
+
+
+def test_one_lane_runs_every_cell_and_lists_the_failed_ones_at_the_end(tmp_path, monkeypatch):
+    """The default --lanes 1 runs each cell as its own process too, so a cell that fails (a crash on one seed) stops
+    no later cell of a long study; the command then exits naming the failed cell."""
+    import sys
+
+    import bench_learning
+
+    seen: dict = {}
+
+    def fake_lanes(cells, lanes, command_of, log_dir, threads):
+        seen.update(cells=cells, lanes=lanes)
+        return ["evorubric:61 (exit 1; log: x)"]
+
+    monkeypatch.setattr(bench_learning, "run_in_lanes", fake_lanes)
+    monkeypatch.setattr(sys, "argv", ["bench_learning.py", "--conditions", "score,evorubric,preference", "--seeds", "61",
+                                      "--steps", "4", "--horizons", "2,4", "--out", str(tmp_path), "--no-append"])
+    with pytest.raises(SystemExit, match="evorubric:61"):
+        bench_learning.main()
+    assert seen == {"cells": [("score", 61), ("evorubric", 61), ("preference", 61)], "lanes": 1}
