@@ -47,7 +47,8 @@ def _clause(sentence: str, words: int = 12) -> str:
     return text[:1].lower() + text[1:]
 
 
-def _names(ctx: DemoContext, query: str) -> list[str]:
+def query_names(ctx: DemoContext, query: str) -> list[str]:
+    """What an item names: the query's entities, else its first keywords."""
     return query_entities(query, ctx.known_ids) or query_keywords(query)[:2] or ["the question"]
 
 
@@ -72,7 +73,8 @@ def items_text(items: list[Item]) -> str:
     return f"{ITEMS_OPEN}{body}{ITEMS_CLOSE}"
 
 
-def _shown(ctx: DemoContext, hits: list[SearchHit], budget: int) -> list[tuple[str, str]]:
+def shown_evidence(ctx: DemoContext, hits: list[SearchHit], budget: int) -> list[tuple[str, str]]:
+    """(doc id, sentence) of each passage an observation of ``budget`` tokens shows."""
     return [(e.doc_id, e.sentence) for e in visible_evidence(ctx.tok, hits, budget)]
 
 
@@ -96,7 +98,8 @@ def init_group(ctx: DemoContext, rng: random.Random, query: str, n: int) -> list
         return []
     k = item_count(rng.randint(2, 4), evidence)
     prompt = encode_chat(ctx.tok, init_messages(query, [f"[{h.id}] {h.text[:PASSAGE_CHARS]}" for h in hits], k))
-    texts = [items_text(evidence_items(random.Random(rng.random()), _names(ctx, query), evidence, k)) for _ in range(n)]
+    names = query_names(ctx, query)
+    texts = [items_text(evidence_items(random.Random(rng.random()), names, evidence, k)) for _ in range(n)]
     return _item_demos(ctx, ITEMS_INIT, prompt, texts, {"query": query, "n_items": k})
 
 
@@ -107,8 +110,8 @@ def contrast_group(ctx: DemoContext, rng: random.Random, query: str, n: int) -> 
     if not best or "[" not in best:
         return []
     worst = drop_citations(best)
-    names = _names(ctx, query)
-    evidence = [e for hs in hits for e in _shown(ctx, hs, ctx.b.max_observation_tokens)]
+    names = query_names(ctx, query)
+    evidence = [e for hs in hits for e in shown_evidence(ctx, hs, ctx.b.max_observation_tokens)]
     current = evidence_items(rng, names, evidence, rng.randint(2, 3)) if evidence else []
     passages = "\n".join(f"[{doc}] {s[:200]}" for doc, s in dict(evidence).items())
     k = rng.randint(1, 2)
@@ -132,10 +135,11 @@ def research_group(ctx: DemoContext, rng: random.Random, query: str, n: int) -> 
     for _ in range(n):
         sub = random.Random(rng.random())
         qs, hits = _research_plan(ctx, sub, query)
-        evidence = list(dict(e for hs in hits for e in _shown(ctx, hs, RESEARCH_OBS_TOKENS)).items())
+        evidence = list(dict(e for hs in hits for e in shown_evidence(ctx, hs, RESEARCH_OBS_TOKENS)).items())
         if not evidence:
             continue
-        turns = [f"{P.SEARCH_OPEN}{q}{P.SEARCH_CLOSE}" for q in qs] + [findings_for(sub, _names(ctx, query), evidence)]
+        turns = [f"{P.SEARCH_OPEN}{q}{P.SEARCH_CLOSE}" for q in qs]
+        turns.append(findings_for(sub, query_names(ctx, query), evidence))
         traj = ctx.script(turns, prompt, agent)
         if not traj.finished or traj.truncated:
             continue
@@ -147,10 +151,10 @@ def research_group(ctx: DemoContext, rng: random.Random, query: str, n: int) -> 
 def distil_group(ctx: DemoContext, rng: random.Random, query: str, n: int) -> list[Demo]:
     """DR-rubric Stage II: the notes and passages a research run gives, distilled into atomic items."""
     qs, hits = _research_plan(ctx, rng, query)
-    evidence = list(dict(e for hs in hits for e in _shown(ctx, hs, RESEARCH_OBS_TOKENS)).items())
+    evidence = list(dict(e for hs in hits for e in shown_evidence(ctx, hs, RESEARCH_OBS_TOKENS)).items())
     if not evidence:
         return []
-    names = _names(ctx, query)
+    names = query_names(ctx, query)
     observed = "".join(ctx.tok.decode(format_observation(hs, RESEARCH_OBS_TOKENS, ctx.tok)[0]) for hs in hits)
     passages = observed_passages(observed, DISTIL_PASSAGES, DISTIL_PASSAGE_CHARS)
     findings = findings_for(rng, names, evidence)[len(FINDINGS_OPEN):-len(FINDINGS_CLOSE)]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import random
 
 from score_lightning import protocol as P
-from score_lightning.roles.rubric import fallback_rubric
 from score_lightning.roles.rubricem_prompts import (
     PLAN_CLOSE, PLAN_OPEN, REVIEW_CLOSE, REVIEW_OPEN, STAGE_SCORES_TAG, parse_stage_scores, rubricem_messages,
     stage_judge_messages,
@@ -19,16 +18,10 @@ from score_lightning.roles.rubricem_prompts import (
 from score_lightning.rollout.chat import encode_chat
 from score_lightning.sft.context import DemoContext
 from score_lightning.sft.demo_types import Demo, encode
-from score_lightning.sft.item_demos import evidence_items, items_text
-from score_lightning.sft.rubric_demos import random_rubric, random_state
-from score_lightning.sft.solver_demos import answer_for, solver_plan, visible_evidence
-from score_lightning.sft.text import query_entities, query_keywords
+from score_lightning.sft.item_demos import evidence_items, items_text, query_names, shown_evidence
+from score_lightning.sft.solver_demos import answer_for, solver_plan, solver_prompt
 
 RUBRICEM, STAGE_JUDGE = "rubricem", "stage_judge"
-
-
-def _names(ctx: DemoContext, query: str) -> list[str]:
-    return query_entities(query, ctx.known_ids) or query_keywords(query)[:2] or ["the question"]
 
 
 def _plan(rng: random.Random, names: list[str], evidence: list[tuple[str, str]]) -> str:
@@ -45,18 +38,17 @@ def _review(found: list[str], names: list[str], honest: bool) -> str:
 def rubricem_group(ctx: DemoContext, rng: random.Random, query: str, n: int) -> list[Demo]:
     """``n`` four-stage trajectories for one prompt (one harness state and rubric), within the solver's budgets."""
     b = ctx.b
-    state = random_state(rng, ctx.base, b.evaluator_max_tool_calls)
-    rubric = fallback_rubric(state) if rng.random() < 0.4 else random_rubric(rng, state)
-    prompt = encode_chat(ctx.tok, rubricem_messages(query, rubric, state, b.solver_max_tool_calls))
-    if len(prompt) > b.max_prompt_tokens:
+    built = solver_prompt(ctx, rng, query, rubricem_messages)
+    if built is None:
         return []
-    names = _names(ctx, query)
+    _, rubric, prompt = built
+    names = query_names(ctx, query)
     out = []
     for _ in range(n):
         sub = random.Random(rng.random())
         for attempt in range(3):
             qs, hits = solver_plan(ctx, sub, query, max(1, min(b.solver_max_tool_calls, sub.randint(1, 3) - attempt)))
-            shown = [(e.doc_id, e.sentence) for hs in hits for e in visible_evidence(ctx.tok, hs, b.max_observation_tokens)]
+            shown = [e for hs in hits for e in shown_evidence(ctx, hs, b.max_observation_tokens)]
             answer = answer_for(ctx, sub, query, hits, rubric, max(1, 2 - attempt))
             if not shown or not answer:
                 continue
@@ -75,11 +67,11 @@ def rubricem_group(ctx: DemoContext, rng: random.Random, query: str, n: int) -> 
 def stage_judge_group(ctx: DemoContext, rng: random.Random, query: str, n: int, max_tokens: int = 96) -> list[Demo]:
     """``n`` judgements of one trajectory of known quality: each stage's score follows what that stage shows."""
     qs, hits = solver_plan(ctx, rng, query, rng.randint(1, 2))
-    shown = [(e.doc_id, e.sentence) for hs in hits for e in visible_evidence(ctx.tok, hs, ctx.b.max_observation_tokens)]
+    shown = [e for hs in hits for e in shown_evidence(ctx, hs, ctx.b.max_observation_tokens)]
     answer = answer_for(ctx, rng, query, hits, None, 2)
     if not shown or not answer:
         return []
-    names = _names(ctx, query)
+    names = query_names(ctx, query)
     has_plan, searched, honest, cited = (rng.random() < p for p in (0.75, 0.8, 0.6, 0.7))
     plan = _plan(rng, names, shown[:2])[len(PLAN_OPEN):-len(PLAN_CLOSE)] if has_plan else ""
     review = _review([d for d, _ in shown], names, honest)[len(REVIEW_OPEN):-len(REVIEW_CLOSE)]

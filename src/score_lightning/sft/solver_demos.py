@@ -165,14 +165,22 @@ def answer_for(ctx: DemoContext, rng: random.Random, query: str, hits: list[list
     return build_answer(rng, query, ev, rubric, ctx.known_ids, max_claims=max_claims)
 
 
+def solver_prompt(ctx: DemoContext, rng: random.Random, query: str, messages=solver_messages
+                  ) -> tuple[HarnessState, Rubric, list[int]] | None:
+    """A solver prompt as RL builds one: a random harness state and its rubric (the fallback 40% of the time), in the
+    agent's ``messages`` format; ``None`` when it exceeds the prompt budget."""
+    state = random_state(rng, ctx.base, ctx.b.evaluator_max_tool_calls)
+    rubric = fallback_rubric(state) if rng.random() < 0.4 else random_rubric(rng, state)
+    prompt = encode_chat(ctx.tok, messages(query, rubric, state, ctx.b.solver_max_tool_calls))
+    return None if len(prompt) > ctx.b.max_prompt_tokens else (state, rubric, prompt)
+
+
 def solver_group(ctx: DemoContext, rng: random.Random, query: str, n: int) -> list[Demo]:
     """``n`` trajectories for one solver prompt (one harness state and rubric), like RL's K rollouts."""
-    b = ctx.b
-    state = random_state(rng, ctx.base, b.evaluator_max_tool_calls)
-    rubric = fallback_rubric(state) if rng.random() < 0.4 else random_rubric(rng, state)
-    prompt = encode_chat(ctx.tok, solver_messages(query, rubric, state, b.solver_max_tool_calls))
-    if len(prompt) > b.max_prompt_tokens:
+    built = solver_prompt(ctx, rng, query)
+    if built is None:
         return []
+    state, rubric, prompt = built
     out = []
     for _ in range(n):
         d = _solver_response(ctx, random.Random(rng.random()), query, state, rubric, prompt)
