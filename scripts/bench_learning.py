@@ -68,7 +68,9 @@ CONDITIONS: dict[str, list[str]] = {
     # rubric methods and solver workflows (same budget, same logs)
     "evolving": ["experiment=rler_tiny"],
     "evolving_initial": ["experiment=rler_tiny", "rubric.evolve=false"],  # DR Tulu's initial-rubrics-only ablation
-    "given": ["experiment=given_tiny"],
+    "given": ["experiment=given_tiny"],  # the bundled DeepResearch Bench criteria (criteria_tiny.jsonl)
+    # the query's evidence items as its given rubric (binary checklist items: the passage to cite, the key terms)
+    "given_items": ["experiment=given_tiny", "rubric.path=${paths.root_dir}/src/score_lightning/data/assets/items.jsonl"],
     "evorubric": ["experiment=evorubric_tiny"],
     "preference": ["experiment=preference_tiny"],
     "drrubric": ["experiment=drrubric_tiny"],
