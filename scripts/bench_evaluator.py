@@ -190,10 +190,15 @@ def score(args, cfg, policy, state, retriever, pairs):
     source = instantiate(cfg.rubric, _convert_="all")
     qids = sorted({(p.query_id, p.query) for p in pairs})
     record = {"rubric": str(cfg.rubric.get("_target_")), "scoring": settings.scoring_protocol,
-              "show_retrieved": settings.show_retrieved}
+              "show_retrieved": settings.show_retrieved, "show_passages": settings.show_passages}
     torch.manual_seed(args.seed + 1_000_003)  # the scoring's own stream: a stored set rescored samples the same
     if args.judge_base_url:
         from score_lightning.clients.chat import ChatClient
+
+        if settings.show_passages:
+            raise SystemExit("evaluator.show_passages with --judge-base-url: this script's judge path shows reports "
+                             "without their passages; run without evaluator.show_passages (the training step's "
+                             "external judge, judge=openai, does show them)")
 
         rubrics, how = S.judge_rubrics(source, state, [q for q, _ in qids])
         client = ChatClient(args.judge_base_url, args.judge_model, os.environ.get(args.judge_api_key_env or ""),

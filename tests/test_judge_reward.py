@@ -175,3 +175,29 @@ def test_under_async_rollouts_the_worker_judges_and_its_tally_reaches_the_traine
     assert metrics["judge/failed_rate"] == 0.0 and metrics["judge/requests"] > 0
     assert 1.0 <= metrics["judge/in_flight_max"] <= 2.0
     assert sent >= 2 * metrics["judge/requests"]  # steps 0 and 1 (and the batch generated ahead for step 2)
+
+
+def test_the_judge_reads_each_report_beside_the_passage_it_cites(tmp_path, tiny_ckpt, corpus_file, bm25):
+    """``evaluator.show_passages=true`` in a real step: every prompt the loopback judge received shows the report's
+    cited id with the corpus passage's text, as a grounded citation (its solver's search returned it)."""
+    from score_lightning.roles.cited_passages import CITED_HEAD, NOT_RETRIEVED
+
+    prompts = []
+
+    def judge(request: dict):
+        prompt = request["messages"][1]["content"]
+        prompts.append(prompt)
+        return evaluation(prompt, 6)
+
+    with OpenAIStub(content=judge) as stub:
+        steps = _train(_cfg(tmp_path, stub, "trainer.max_steps=1", "evaluator.show_passages=true",
+                            "evaluator.passage_tokens=16"), Solver())
+    assert len(steps) == 1 and len(prompts) == B * K
+    texts = {d.id: d.text for d in bm25.docs}
+    for prompt in prompts:
+        cite = re.search(r"on the question \[([^\]\s]+)\]", prompt).group(1)
+        block = prompt[prompt.index(CITED_HEAD):]
+        head = f"{CITED_HEAD}\n[{cite}] "
+        assert block.startswith(head) and NOT_RETRIEVED not in block
+        shown = block[len(head):].splitlines()[0]
+        assert shown and texts[cite].startswith(shown.split(" ")[0])

@@ -11,7 +11,7 @@
 * :func:`evaluator_scores`: the recipe's evaluator scores the reports through the step's
   :func:`~score_lightning.step.rollouts.scoring_rollouts` and
   :func:`~score_lightning.step.evaluations.group_evaluations`, under ``evaluator.scoring``, ``show_retrieved``,
-  ``constrained_scoring`` and ``score_readout``. ``pointwise``: each distinct report once, alone (a report in
+  ``show_passages`` (the cited passages from the retriever's corpus), ``constrained_scoring`` and ``score_readout``. ``pointwise``: each distinct report once, alone (a report in
   several pairs keeps one score); ``joint``: each pair's two reports in one evaluation, in the stored order.
 * :func:`judge_scores`: an external OpenAI-compatible judge gets the same scoring messages and its reply goes
   through the same parser (it has no search tool: its searches are not run).

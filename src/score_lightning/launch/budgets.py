@@ -3,7 +3,8 @@
 The scoring prompt holds the query, the rubric, the process rules, the harness notes and the reports
 (K of them with ``evaluator.scoring: joint``, one with ``pointwise``), each cut to
 ``evaluator.max_report_tokens`` and, with ``evaluator.show_retrieved``, each with the ids its searches
-returned. Whether that fits ``evaluator.max_prompt_tokens`` depends on the
+returned (with ``evaluator.show_passages``, also ``evaluator.max_cited_passages`` passages of
+``evaluator.passage_tokens`` tokens each). Whether that fits ``evaluator.max_prompt_tokens`` depends on the
 tokenizer and its chat template, so it is measured, not guessed: the prompt is built with the
 project's own builder (:func:`~score_lightning.roles.prompts.scoring_messages`) from the longest
 training query, the widest rubric the harness allows (its k cap, the pool's longest definitions,
@@ -145,7 +146,9 @@ def measure_scoring(cfg: DictConfig, tokenizer) -> ScoringBudget:
     pointwise = str(cfg.evaluator.get("scoring", "joint")) == "pointwise"
     sources = [_retrieved_ids(cfg)] * n if bool(cfg.evaluator.get("show_retrieved", False)) else None
     # + 1 token per report: a real report's last characters may tokenise differently beside the separator
-    prompt = _count(tokenizer, scoring_messages(query, [report] * n, rubric, state, sources, pointwise=pointwise)) + n
+    cited = [_widest_citations(cfg, tokenizer)] * n if bool(cfg.evaluator.get("show_passages", False)) else None
+    prompt = _count(tokenizer, scoring_messages(query, [report] * n, rubric, state, sources, pointwise=pointwise,
+                                                cited=cited)) + n
     enc = lambda s: len(tokenizer(s, add_special_tokens=False)["input_ids"])  # noqa: E731
     wrapper = enc("\n") + enc(P.OBS_OPEN) + enc(P.OBS_CLOSE) + enc("\n")
     observation = int(cfg.evaluator.max_observation_tokens) + wrapper
@@ -153,6 +156,14 @@ def measure_scoring(cfg: DictConfig, tokenizer) -> ScoringBudget:
     notice = _NOTICE_TOKENS + wrapper if calls > 0 else 0
     context = int(cfg.evaluator.max_prompt_tokens) + int(cfg.evaluator.max_response_tokens) + calls * observation + notice
     return ScoringBudget(n, prompt, prompt - n * enc(report), observation, context)
+
+
+def _widest_citations(cfg: DictConfig, tokenizer) -> list:
+    """The largest cited-passage block a report can be shown with (``evaluator.show_passages``): the most passages,
+    each a 16-character id and a text of ``evaluator.passage_tokens`` tokens."""
+    text = truncate_text(tokenizer, _REPORT_TEXT * (int(cfg.evaluator.get("passage_tokens", 48)) // 8 + 2),
+                         int(cfg.evaluator.get("passage_tokens", 48)))
+    return [(f"{i:016d}", text, True) for i in range(int(cfg.evaluator.get("max_cited_passages", 4)))]
 
 
 def _retrieved_ids(cfg: DictConfig) -> list[str]:

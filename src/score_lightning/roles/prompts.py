@@ -32,6 +32,7 @@ from score_lightning.protocol import (
     VERIFICATION_CLOSE,
     VERIFICATION_OPEN,
 )
+from score_lightning.roles.cited_passages import CitedPassage, passages_block
 from score_lightning.roles.evidence import EvidenceDoc
 from score_lightning.roles.rubric import Rubric, format_weight
 
@@ -191,17 +192,24 @@ def rubric_messages(
 
 
 def scoring_messages(query: str, reports: Sequence[str], rubric: Rubric, state: HarnessState,
-                     sources: Sequence[Sequence[str]] | None = None, pointwise: bool = False) -> list[Message]:
+                     sources: Sequence[Sequence[str]] | None = None, pointwise: bool = False,
+                     cited: Sequence[Sequence[CitedPassage]] | None = None) -> list[Message]:
     """System: the scoring XML. User: query, rubric, process rules, notes and reports numbered 1..K.
 
     ``sources`` (one id list per report, ``evaluator.show_retrieved``) puts the ids each report's searches
     returned above it, so the citation cross-check is something the evaluator can actually do.
+    ``cited`` (one list per report, ``evaluator.show_passages``) puts the passages it cites below it
+    (:mod:`~score_lightning.roles.cited_passages`), so whether a finding says what its source says can be read.
     ``pointwise``: one report per prompt (``evaluator.scoring=pointwise``), with its own system prompt.
     """
     if pointwise and len(reports) != 1:
         raise ValueError(f"pointwise scoring shows one report per prompt, got {len(reports)}")
+    if cited is not None and len(cited) != len(reports):
+        raise ValueError(f"one cited-passage list per report: {len(cited)} lists for {len(reports)} reports")
     shown = [f"{retrieved_line(sources[i])}\n{r.strip()}" if sources is not None else r.strip()
              for i, r in enumerate(reports)]
+    if cited is not None:
+        shown = [f"{r}\n{passages_block(cited[i])}" for i, r in enumerate(shown)]
     body = "\n\n".join(f"[Report {i}]\n{r}" for i, r in enumerate(shown, 1))
     head = "Report (id 1)" if pointwise else f"Reports (ids 1..{len(reports)})"
     user = (

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 from score_lightning import protocol as P
+from score_lightning.roles.cited_passages import split_observation
 from score_lightning.rollout.agent import parse_search_action
 from score_lightning.rollout.trajectory import Trajectory
 
@@ -78,4 +79,16 @@ def _runs(mask: list[int]) -> list[tuple[int, int, int]]:
         if i == len(mask) or mask[i] != mask[start]:
             out.append((start, i, mask[start]))
             start = i
+    return out
+
+
+def shown_passages(traj: Trajectory, tokenizer) -> dict[str, str]:
+    """Each passage the trajectory's searches showed, by id: the text its observation carried of it (cut by the
+    observation budget), the first showing kept. What ``evaluator.show_passages`` falls back on for a retriever
+    without a local corpus."""
+    out: dict[str, str] = {}
+    for step in search_steps(traj, tokenizer):
+        for doc_id, text in split_observation(step.passages):
+            if text:
+                out.setdefault(doc_id, text)
     return out

@@ -92,6 +92,15 @@ def _items_identity(cfg: DictConfig) -> str:
     return file_digest(path if path else EMBEDDED_ITEMS_PATH)
 
 
+def _budgets(cfg: DictConfig) -> dict[str, Any]:
+    """The demo budgets as key inputs; a switch that is off (``passages``: None) is left out, so keys made before
+    it existed still hold."""
+    out = asdict(DemoBudgets.from_cfg(cfg))
+    if out.get("passages") is None:
+        out.pop("passages", None)
+    return out
+
+
 def sft_key_inputs(cfg: DictConfig, model_path: str) -> dict[str, Any]:
     """Everything the SFT result depends on, as a JSON-able dict (hashed into the cache key)."""
     s = OmegaConf.to_container(cfg.sft, resolve=True)
@@ -110,7 +119,7 @@ def sft_key_inputs(cfg: DictConfig, model_path: str) -> dict[str, Any]:
         "retriever": _retriever_identity(cfg),
         "queries": [_queries_identity(cfg), str(cfg.data.get("split", "train"))],
         "harness_initial_state": OmegaConf.to_container(cfg.harness.initial_state, resolve=True),
-        "budgets": asdict(DemoBudgets.from_cfg(cfg)),
+        "budgets": _budgets(cfg),
         "dtype": str(cfg.model.dtype),
         **workflow_key_inputs(cfg),  # {} for the default cold start, so its key is unchanged
         **({"items": _items_identity(cfg)} if "scoring_targets" in s else {}),  # the items the scores follow

@@ -57,6 +57,9 @@ class DemoBudgets:
     num_rollouts: int = 4
     scoring: str = "joint"  # evaluator.scoring: scoring demos over K reports (joint) or one (pointwise)
     show_retrieved: bool = False  # evaluator.show_retrieved: reports shown with the ids their searches returned
+    #: evaluator.show_passages: (passage_tokens, max_cited_passages), each report shown with the passages it cites;
+    #: None: off (left out of the cold start's key, so every existing key holds)
+    passages: tuple[int, int] | None = None
 
     @classmethod
     def from_cfg(cls, cfg) -> "DemoBudgets":
@@ -68,6 +71,8 @@ class DemoBudgets:
             evaluator_max_response_tokens=int(e.max_response_tokens), evaluator_max_tool_calls=int(e.max_tool_calls),
             max_report_tokens=int(e.max_report_tokens), num_rollouts=int(s.num_rollouts),
             scoring=str(e.get("scoring", "joint")), show_retrieved=bool(e.get("show_retrieved", False)),
+            passages=(int(e.get("passage_tokens", 48)), int(e.get("max_cited_passages", 4)))
+            if bool(e.get("show_passages", False)) else None,
         )
 
     def solver_agent(self) -> AgentConfig:

@@ -21,6 +21,7 @@ from score_lightning.rewards.items import item_recall
 from score_lightning.rewards.report_edits import (
     bracketed_ids, cut_short, drop_citations, invented_id, replace_citation, unretrieved_id,
 )
+from score_lightning.roles.cited_passages import cited_passages, corpus_texts
 from score_lightning.roles.prompts import scoring_messages
 from score_lightning.roles.rubric import Rubric, fallback_rubric
 from score_lightning.sft.context import DemoContext
@@ -161,6 +162,17 @@ def _gap(query: str, text: str, feat: dict, known_ids: frozenset[str]) -> str:
     return "None."
 
 
+def _citations(ctx: DemoContext, reports: list[str], feats: list[dict]) -> list | None:
+    """Per report, the passages it cites as the rollout shows them under ``evaluator.show_passages`` (the corpus'
+    text, cut to ``evaluator.passage_tokens``); None when it is off."""
+    if ctx.b.passages is None:
+        return None
+    tokens, limit = ctx.b.passages
+    corpus = corpus_texts(ctx.retriever.inner) or {}
+    cut = lambda text: truncate_text(ctx.tok, text, tokens)  # noqa: E731
+    return [cited_passages(r, f["sources"], corpus, limit, cut) for r, f in zip(reports, feats)]
+
+
 def scoring_group(ctx: DemoContext, rng: random.Random, query: str, n: int, contrast: float = 0.0) -> list[Demo]:
     """``n`` evaluations of one scoring prompt: K reports of mixed quality (joint), or one (pointwise).
 
@@ -186,7 +198,8 @@ def scoring_group(ctx: DemoContext, rng: random.Random, query: str, n: int, cont
         reports.append(truncate_text(ctx.tok, text, b.max_report_tokens))
         feats.append(feat)
     sources = [f["sources"] for f in feats] if b.show_retrieved else None
-    prompt = encode_chat(ctx.tok, scoring_messages(query, reports, rubric, state, sources, pointwise=pointwise))
+    prompt = encode_chat(ctx.tok, scoring_messages(query, reports, rubric, state, sources, pointwise=pointwise,
+                                                   cited=_citations(ctx, reports, feats)))
     if len(prompt) > b.max_prompt_tokens:
         return []
     out = []

@@ -12,6 +12,8 @@ reproduce synchronous training exactly. A host provides ``cfg``, ``K``, ``engine
 from __future__ import annotations
 
 from score_lightning import distributed as D
+from score_lightning.roles.cited_passages import corpus_texts
+from score_lightning.rollout.search_steps import shown_passages
 from score_lightning.rubrics.base import RubricContext
 from score_lightning.step.citation_reward import CitationJudgeSettings, add_citation_reward
 from score_lightning.step.dynamic_sampling import extra_batch, informative_groups, merge_draws, pick_groups
@@ -87,21 +89,31 @@ class GenerationHooks:
                                      self.reward_settings.items_path)
         reports = [[a.answer if a.answer else None for a in answers[i:i + self.K]] for i in range(0, len(answers), self.K)]
         sources = [[t.retrieved_ids for t in ro.solver[i:i + self.K]] for i in range(0, len(ro.solver), self.K)]
+        shown = self._shown_passages(ro)
         self._release_caches()  # a stage boundary (see _release_caches)
         if self.reward_settings.evaluator_source == "external":  # an LLM judge scores; failures leave the update
             ro.scoring = []
             groups, tally = external_evaluations(self.judge, self.tokenizer, ro.queries, reports, ro.rubrics.per_query,
-                                                 self.harness_state, self.rollout_settings, sources)
+                                                 self.harness_state, self.rollout_settings, sources,
+                                                 self.retriever, shown)
             tau = effective_tau(self.reward_settings.min_search_depth, self.harness_state,
                                 self.reward_settings.tau_from_harness)
             rw = rewards_from_evaluations(answers, groups, ro.rubrics.per_query, self.K, tau, self.reward_settings)
             rw.judge = tally
             return rw
         ro.scoring = scoring_rollouts(self.evaluator_engine, self.tokenizer, self.retriever, ro.queries, reports,
-                                      ro.rubrics.per_query, self.harness_state, self.rollout_settings, sources)
+                                      ro.rubrics.per_query, self.harness_state, self.rollout_settings, sources, shown)
         self._release_caches()
         return assemble_rewards(answers, ro.scoring, ro.rubrics.per_query, self.harness_state, self.K,
                                 self.reward_settings, self.tokenizer)
+
+    def _shown_passages(self, ro: StepRollouts):
+        """``evaluator.show_passages`` with a retriever that has no local corpus: the passages each report's searches
+        showed, per query, per report (with a local corpus the scoring reads the passages from it)."""
+        if not getattr(self.rollout_settings, "show_passages", False) or corpus_texts(self.retriever) is not None:
+            return None
+        texts = [shown_passages(t, self.tokenizer) for t in ro.solver]
+        return [texts[i:i + self.K] for i in range(0, len(texts), self.K)]
 
     @property
     def judge(self):

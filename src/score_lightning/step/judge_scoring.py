@@ -21,7 +21,7 @@ The judge makes no verification searches (depth 0), so config validation refuses
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,7 +35,7 @@ from score_lightning.roles.prompts import scoring_messages
 from score_lightning.roles.rubric import Rubric
 from score_lightning.rollout.chat import truncate_text
 from score_lightning.step.evaluations import GroupEvaluation, meets_process_rules
-from score_lightning.step.rollouts import RolloutSettings
+from score_lightning.step.rollouts import RolloutSettings, report_citations
 
 SOURCES = ("policy", "external")
 
@@ -79,17 +79,22 @@ def _reader(rubric: Rubric, state: HarnessState):
 
 def external_evaluations(judge: LLMJudge, tokenizer, queries: Sequence[str], reports: Sequence[Sequence[str | None]],
                          rubrics: Sequence[Rubric], state: HarnessState, settings: RolloutSettings,
-                         sources: Sequence[Sequence[Sequence[str]]] | None = None,
+                         sources: Sequence[Sequence[Sequence[str]]] | None = None, retriever=None,
+                         shown: Sequence[Sequence[Mapping[str, str]]] | None = None,
                          ) -> tuple[list[GroupEvaluation], JudgeTally]:
-    """One :class:`GroupEvaluation` per query from the judge's pointwise judgements, and their tally."""
+    """One :class:`GroupEvaluation` per query from the judge's pointwise judgements, and their tally
+    (``evaluator.show_passages``: each report with the passages it cites, as ``scoring_rollouts`` shows them)."""
     requests, where = [], []
     for i, (q, group, rubric) in enumerate(zip(queries, reports, rubrics)):
         for k, report in enumerate(group):
             if not report:
                 continue
-            shown = truncate_text(tokenizer, report, settings.max_report_tokens)
+            text = truncate_text(tokenizer, report, settings.max_report_tokens)
             ids = [list(sources[i][k])] if (settings.show_retrieved and sources is not None) else None
-            requests.append((scoring_messages(q, [shown], rubric, state, ids, pointwise=True), _reader(rubric, state)))
+            cited = report_citations(tokenizer, retriever, [text], [sources[i][k]] if sources is not None else None,
+                                     [shown[i][k]] if shown is not None else None, settings)
+            requests.append((scoring_messages(q, [text], rubric, state, ids, pointwise=True, cited=cited),
+                             _reader(rubric, state)))
             where.append((i, k))
     outcomes = judge.judge(requests)
     tally = JudgeTally(endpoint=judge.settings.endpoint)

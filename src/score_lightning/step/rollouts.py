@@ -9,12 +9,13 @@ layout GRPO's group advantages expect.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from score_lightning import protocol as P
 from score_lightning.harness.state import HarnessState
 from score_lightning.retrieval.base import RetrievalError, Retriever
+from score_lightning.roles.cited_passages import cited_passages, corpus_texts, passage_texts
 from score_lightning.roles.evidence import EvidenceDoc, evidence_from_hits
 from score_lightning.roles.prompts import format_rubric, scoring_messages, solver_messages
 from score_lightning.roles.rubric import Rubric
@@ -47,6 +48,9 @@ class RolloutSettings:
     show_retrieved: bool = False  # evaluator.show_retrieved: each report shown with the ids its searches returned
     scoring_max_prompt_tokens: int | None = None  # evaluator.max_prompt_tokens (None: max_prompt_tokens)
     score_readout: str = "sampled"  # evaluator.score_readout: sampled (the written value) | expected (E[value])
+    show_passages: bool = False  # evaluator.show_passages: each report shown with the passages it cites
+    passage_tokens: int = 48  # evaluator.passage_tokens: each cited passage cut to this many tokens
+    max_cited_passages: int = 4  # evaluator.max_cited_passages: at most this many per report (first cited first)
 
     @classmethod
     def from_cfg(cls, cfg) -> "RolloutSettings":
@@ -67,7 +71,9 @@ class RolloutSettings:
                    bool(s.get("conclusion_line", True)), agent, MamsConfig.from_cfg(cfg) if agent == "mams" else None,
                    bool(e.get("constrained_scoring", False)), constrained_max_chars(cfg),
                    str(e.get("scoring", "joint")), bool(e.get("show_retrieved", False)),
-                   int(e.get("max_prompt_tokens", s.max_prompt_tokens)), str(e.get("score_readout", "sampled")))
+                   int(e.get("max_prompt_tokens", s.max_prompt_tokens)), str(e.get("score_readout", "sampled")),
+                   bool(e.get("show_passages", False)), int(e.get("passage_tokens", 48)),
+                   int(e.get("max_cited_passages", 4)))
 
 
 def constrained_max_chars(cfg) -> dict[str, int] | None:
@@ -120,16 +126,34 @@ def solver_rollouts(engine: RolloutEngine, tokenizer, retriever: Retriever, quer
     return run_agent(engine, tokenizer, prompts, retriever, settings.solver, metas)
 
 
+def report_citations(tokenizer, retriever, reports: Sequence[str], retrieved: Sequence[Sequence[str]] | None,
+                     shown: Sequence[Mapping[str, str]] | None, settings: RolloutSettings):
+    """Per report, the passages it cites as ``evaluator.show_passages`` shows them (None when it is off): the text
+    from the retriever's corpus, else from what the report's searches showed, cut to ``evaluator.passage_tokens``;
+    flagged when its searches did not return it (``retrieved``: per report, the ids they returned)."""
+    if not settings.show_passages:
+        return None
+    corpus = corpus_texts(retriever)
+    if corpus is None and shown is None:
+        raise ValueError("evaluator.show_passages: the retriever has no local corpus and no search texts were given")
+    cut = lambda text: truncate_text(tokenizer, text, settings.passage_tokens)  # noqa: E731
+    return [cited_passages(r, retrieved[k] if retrieved is not None else (), passage_texts(
+        corpus, shown[k] if shown is not None else None), settings.max_cited_passages, cut)
+        for k, r in enumerate(reports)]
+
+
 def scoring_rollouts(engine: RolloutEngine, tokenizer, retriever: Retriever, queries: Sequence[str],
                      reports: Sequence[Sequence[str | None]], rubrics: Sequence[Rubric], state: HarnessState,
                      settings: RolloutSettings, sources: Sequence[Sequence[Sequence[str]]] | None = None,
-                     ) -> list[Trajectory]:
+                     shown: Sequence[Sequence[Mapping[str, str]]] | None = None) -> list[Trajectory]:
     """The evaluations of each query's K reports under its rubric (``None``: no report written).
 
     ``evaluator.scoring=joint``: one trajectory per query over all its reports. ``pointwise``: one per
     report (query-major), each prompt holding the query, the rubric and that report; all of them run as
     one batch. ``sources`` (per query, per report: the ids its searches returned) is shown when
-    ``evaluator.show_retrieved`` is on. :func:`~score_lightning.step.evaluations.group_evaluations` reads either back.
+    ``evaluator.show_retrieved`` is on. With ``evaluator.show_passages`` each report is shown with the passages it
+    cites (:func:`report_citations`; ``shown``: per query, per report, the passages its searches showed, for a
+    retriever without a local corpus). :func:`~score_lightning.step.evaluations.group_evaluations` reads either back.
     With ``evaluator.score_readout=expected`` the engine also reads each score's expected value (``value_readouts``).
     """
     prompts, constraints = [], []
@@ -137,13 +161,15 @@ def scoring_rollouts(engine: RolloutEngine, tokenizer, retriever: Retriever, que
     pointwise = settings.scoring_protocol == "pointwise"
     added = text_added_tokens(tokenizer) if settings.constrained_scoring else {}
     for i, (q, group, rubric) in enumerate(zip(queries, reports, rubrics)):
-        shown = [truncate_text(tokenizer, r if r else "(no report)", settings.max_report_tokens) for r in group]
+        reports_shown = [truncate_text(tokenizer, r if r else "(no report)", settings.max_report_tokens) for r in group]
         # callers without sources (preference pairs: texts, no trajectories) show no retrieved line
         ids = [list(s) for s in sources[i]] if (settings.show_retrieved and sources is not None) else None
-        batches = [([r], None if ids is None else [ids[k]]) for k, r in enumerate(shown)] if pointwise \
-            else [(shown, ids)]
-        for shown_reports, shown_ids in batches:
-            msgs = scoring_messages(q, shown_reports, rubric, state, shown_ids, pointwise=pointwise)
+        cited = report_citations(tokenizer, retriever, reports_shown, sources[i] if sources is not None else None,
+                                 shown[i] if shown is not None else None, settings)
+        batches = [([r], None if ids is None else [ids[k]], None if cited is None else [cited[k]])
+                   for k, r in enumerate(reports_shown)] if pointwise else [(reports_shown, ids, cited)]
+        for shown_reports, shown_ids, shown_cited in batches:
+            msgs = scoring_messages(q, shown_reports, rubric, state, shown_ids, pointwise=pointwise, cited=shown_cited)
             prompts.append(encode_chat(tokenizer, msgs, settings.scoring_max_prompt_tokens or settings.max_prompt_tokens,
                                        key="evaluator.max_prompt_tokens"))
             if settings.constrained_scoring:

@@ -61,6 +61,9 @@ def check_evaluator(c: Checks) -> None:
       "'validity' (an unjudged report's reward is a(r)), 'drop' (it leaves the update) or 'neutral' (its group gets "
       "advantage 0)")
     c("evaluator.show_retrieved", *BOOL)
+    c("evaluator.show_passages", *BOOL)
+    c("evaluator.passage_tokens", integer(1), "an integer >= 1 (tokens of each cited passage shown)")
+    c("evaluator.max_cited_passages", integer(1), "an integer >= 1 (cited passages shown per report)")
     check_score_readout(c)
     check_scoring_reward(c)
     for field in (c.get("evaluator.constrained_max_chars") or {}):
