@@ -20,16 +20,16 @@ from score_lightning.harness.scheduler import DimensionScheduler
 from score_lightning.harness.state import HarnessState
 from score_lightning.rewards.citations import cites_only_retrieved
 from score_lightning.roles.evidence import evidence_from_hits
-from score_lightning.roles.prompts import rubric_messages, solver_messages
+from score_lightning.roles.prompts import rubric_messages
 from score_lightning.roles.rubric import WEIGHT_SUM_TOL, fallback_rubric, parse_rubric
-from score_lightning.rollout.agent import TagStops, run_agent
+from score_lightning.rollout.agent import TagStops
 from score_lightning.rollout.engine import SamplingParams
 from score_lightning.rollout.hf_engine import HFEngine
 from score_lightning.rollout.chat import encode_chat
 from score_lightning.sft.demo_types import DemoBudgets
 from score_lightning.step.evaluations import group_evaluations
 from score_lightning.step.reward_assembly import RewardSettings, parse_answers
-from score_lightning.step.rollouts import RolloutSettings, scoring_rollouts
+from score_lightning.step.rollouts import RolloutSettings, scoring_rollouts, solver_rollouts
 
 
 def probe_policy(model, tokenizer, retriever, cfg: DictConfig, n_rubric: int, n_solver: int, seed: int = 0,
@@ -37,8 +37,8 @@ def probe_policy(model, tokenizer, retriever, cfg: DictConfig, n_rubric: int, n_
     """Sample from ``model`` exactly as a first RL step would and report validity rates.
 
     Rubrics: the harness's initial state with the scheduler's first-step hints, at the evaluator
-    temperature. Solver: real multi-turn rollouts (``run_agent`` + ``HFEngine`` + the retriever)
-    at the solver temperature. Scoring: the solver answers, K per prompt, parsed as RL parses them.
+    temperature. Solver: the step's solver stage (``solver_rollouts``: its workflow, ``HFEngine``, the
+    retriever) at the solver temperature. Scoring: the solver answers, K per prompt, parsed as RL parses them.
     """
     b = DemoBudgets.from_cfg(cfg)
     rng = random.Random(seed)
@@ -72,17 +72,12 @@ def probe_policy(model, tokenizer, retriever, cfg: DictConfig, n_rubric: int, n_
         if n_solver > 0:
             K = b.num_rollouts
             rubric = fallback_rubric(state)
-            prompts, group_queries = [], []
             n_groups = max(1, math.ceil(n_solver / K))
-            for _ in range(n_groups):
-                q = rng.choice(queries)
-                group_queries.append(q)
-                ids = encode_chat(tokenizer, solver_messages(q, rubric, state, b.solver_max_tool_calls))
-                prompts.extend([ids] * K)
-            solver_cfg = b.solver_agent()
-            solver_cfg = type(solver_cfg)(**{**solver_cfg.__dict__, "temperature": float(cfg.solver.temperature),
-                                             "top_p": float(cfg.solver.top_p)})
-            trajs = run_agent(engine, tokenizer, prompts, retriever, solver_cfg)
+            group_queries = [rng.choice(queries) for _ in range(n_groups)]
+            # the step's own solver stage, so a workflow policy (solver.agent=mams, rubricem) is probed as it will
+            # roll out, not as a ReAct loop it was never taught
+            trajs = solver_rollouts(engine, tokenizer, retriever, group_queries, [rubric] * n_groups, state,
+                                    RolloutSettings.from_cfg(cfg))
             answers = parse_answers(trajs, tokenizer, RewardSettings.from_cfg(cfg))  # a(r) as RL judges it
             out["probe/answer_valid_rate"] = float(np.mean([a.valid for a in answers]))
             out["probe/cited_rate"] = float(np.mean([bool(a.cited_ids) for a in answers]))
