@@ -149,6 +149,13 @@ def test_cold_start_demos_show_the_block_and_only_the_switch_changes_the_key(tok
                for d in scoring_group(ctx, random.Random(s), queries[s % 2], 1)]
     assert prompts and all(CITED_HEAD in p for p in prompts)
     assert any(f"{CITED_HEAD}\n[" in p for p in prompts)  # some report cites a passage, shown with its text
+    class Remote:  # no local corpus: the demos cannot show a passage's text, and say so
+        def search(self, queries, topk):
+            return bm25.search(queries, topk)
+
+    with pytest.raises(ValueError, match="local corpus"):
+        scoring_group(DemoContext.create(tokenizer, Remote(), queries, budgets, HarnessState()), random.Random(0),
+                      queries[0], 1)
     plain = DemoContext.create(tokenizer, bm25, queries, DemoBudgets.from_cfg(base), HarnessState())
     assert not any(CITED_HEAD in tokenizer.decode(d.prompt_ids) for d in scoring_group(plain, random.Random(0),
                                                                                        queries[0], 1))

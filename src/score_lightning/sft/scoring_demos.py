@@ -168,7 +168,10 @@ def _citations(ctx: DemoContext, reports: list[str], feats: list[dict]) -> list 
     if ctx.b.passages is None:
         return None
     tokens, limit = ctx.b.passages
-    corpus = corpus_texts(ctx.retriever.inner) or {}
+    corpus = corpus_texts(ctx.retriever.inner)
+    if corpus is None:
+        raise ValueError("evaluator.show_passages: the cold start's scoring demos read each cited passage from the "
+                         "retriever's local corpus, and this retriever has none (retriever=bm25 holds one)")
     cut = lambda text: truncate_text(ctx.tok, text, tokens)  # noqa: E731
     return [cited_passages(r, f["sources"], corpus, limit, cut) for r, f in zip(reports, feats)]
 
