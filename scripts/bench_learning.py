@@ -49,7 +49,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from study_cells import evaluator_pairs, run_in_lanes, run_logged, train_horizons, training_summary  # noqa: E402
+from study_cells import (  # noqa: E402
+    evaluator_pairs, guard_stop, run_in_lanes, run_logged, train_horizons, training_summary,
+)
 from study_report import T975, ci95, fmt, report, summary_lines, write_section  # noqa: E402
 
 CONDITIONS: dict[str, list[str]] = {
@@ -153,7 +155,7 @@ def run_cell(cond: str, seed: int, horizons: list[int], out: Path, tag: str, ext
         result = {"condition": cond, "seed": seed, "tag": tag, "set": extra, "horizons": sorted(horizons),
                   "train": training_summary(run), "heldout": {str(h): c for h, c in cards.items()},
                   "heldout_greedy": greedy, "export": str(exports[max(horizons)]),
-                  "cold_start_model": cold or _model_path(run)}
+                  "cold_start_model": cold or _model_path(run), "guard_stop": guard_stop(run)}
     if pair_set is not None and cond not in NO_EVALUATOR and not result.get("evaluator_pairs"):
         recipe = CONDITIONS[cond] + extra
         result["evaluator_pairs"] = {

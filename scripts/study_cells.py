@@ -41,19 +41,43 @@ def run_logged(cmd: list[str], log: Path, threads: int | None = None) -> None:
         raise SystemExit(f"failed ({proc.returncode}, {time.time() - t0:.0f}s): {shlex.join(cmd)}; log: {log}")
 
 
+def guard_stop(run: Path) -> int | None:
+    """The SCORE step at which the collapse guard stopped this run, read from its last checkpoint (the guard keeps
+    ``stopped_step`` in its state); None when it has not stopped it, or there is no checkpoint yet."""
+    last = run / "checkpoints" / "last.ckpt"
+    if not last.is_file():
+        return None
+    import torch
+
+    ckpt = torch.load(last, map_location="cpu", weights_only=False)
+    for key, state in (ckpt.get("callbacks") or {}).items():
+        if str(key).startswith("CollapseGuard") and isinstance(state, dict) and state.get("stopped_reason"):
+            return int(state.get("stopped_step") or 0)
+    return None
+
+
 def train_horizons(overrides: list[str], seed: int, horizons: list[int], run: Path,
                    threads: int | None = None) -> dict[int, Path]:
-    """Train to each horizon in turn (resuming), keeping ``export_s<h>``; returns horizon -> export folder."""
+    """Train to each horizon in turn (resuming), keeping ``export_s<h>``; returns horizon -> export folder.
+
+    A run the collapse guard stopped stays stopped, as the recipe intends: every later horizon keeps the export of
+    the step it stopped at (resuming from its checkpoint would train past the stop)."""
     run.mkdir(parents=True, exist_ok=True)
     exports: dict[int, Path] = {}
     for h in sorted(horizons):
         kept = run / f"export_s{h}"
         if not (kept / "run_config.json").is_file():
             last = run / "checkpoints" / "last.ckpt"  # ckpt_path=last would look under logs/<task>/, not here
-            resume = [f"ckpt_path={last}"] if last.is_file() else []
-            run_logged([sys.executable, "src/train.py", *overrides, f"seed={seed}", f"trainer.max_steps={h}",
-                        f"paths.output_dir={run}", "trainer.enable_progress_bar=false", *resume],
-                       run / "train.log", threads)
+            stopped = guard_stop(run)
+            if stopped is None:
+                resume = [f"ckpt_path={last}"] if last.is_file() else []
+                run_logged([sys.executable, "src/train.py", *overrides, f"seed={seed}", f"trainer.max_steps={h}",
+                            f"paths.output_dir={run}", "trainer.enable_progress_bar=false", *resume],
+                           run / "train.log", threads)
+            else:
+                with open(run / "train.log", "a") as fh:
+                    fh.write(f"study: the collapse guard stopped this run at step {stopped}; the {h}-step horizon "
+                             "keeps that export\n")
             if kept.exists():
                 shutil.rmtree(kept)
             shutil.copytree(run / "export", kept)

@@ -39,3 +39,38 @@ def test_given_items_reads_the_evidence_items_and_given_the_criteria(monkeypatch
     b = OmegaConf.to_container(criteria, resolve=False)
     a["rubric"].pop("path"), b["rubric"].pop("path")
     assert a == b
+
+
+def _run_dir(tmp_path: Path, stopped_step: int | None) -> Path:
+    import torch
+
+    run = tmp_path / "cell"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "export").mkdir()
+    (run / "export" / "run_config.json").write_text("{}")
+    state = {"stopped_reason": "reward rise-then-fall" if stopped_step is not None else None,
+             "stopped_step": stopped_step}
+    torch.save({"callbacks": {"CollapseGuard{'monitor_entropy': 'solver/entropy'}": state}},
+               run / "checkpoints" / "last.ckpt")
+    return run
+
+
+def test_a_run_the_collapse_guard_stopped_stays_stopped_at_every_later_horizon(tmp_path, monkeypatch):
+    """The guard stopped the run at step 51 on its way to 80: neither horizon trains again, and both keep the export
+    of the stop (a resumed process would train past it). A run it never stopped trains to each horizon in turn."""
+    import study_cells
+
+    calls = []
+    monkeypatch.setattr(study_cells, "run_logged", lambda cmd, log, threads=None: calls.append(cmd))
+    run = _run_dir(tmp_path / "stopped", 51)
+    assert study_cells.guard_stop(run) == 51
+    exports = study_cells.train_horizons(["experiment=tiny_score"], 61, [80, 160], run)
+    assert calls == [] and sorted(exports) == [80, 160]
+    assert all((e / "run_config.json").is_file() for e in exports.values())
+    assert "stopped this run at step 51" in (run / "train.log").read_text()
+
+    run = _run_dir(tmp_path / "running", None)
+    assert study_cells.guard_stop(run) is None and study_cells.guard_stop(tmp_path / "empty") is None
+    study_cells.train_horizons(["experiment=tiny_score"], 61, [80, 160], run)
+    assert [next(a for a in c if a.startswith("trainer.max_steps=")) for c in calls] == [
+        "trainer.max_steps=80", "trainer.max_steps=160"]
