@@ -81,7 +81,8 @@ def _queries_identity(cfg: DictConfig) -> str:
 
 
 #: sft knobs added after cold starts were cached: at these values they change nothing, so they are not keyed
-_OFF_VALUES = {"trainable_layers": None, "scoring_contrast": 0.0, "report": None, "scoring_targets": "kind"}
+_OFF_VALUES = {"trainable_layers": None, "scoring_contrast": 0.0, "report": None, "scoring_targets": "kind",
+               "scoring_kind_weights": None}
 
 
 def _items_identity(cfg: DictConfig) -> str:

@@ -15,6 +15,27 @@ from score_lightning.rollout.agent import AgentConfig
 SOLVER, RUBRIC, SCORING = "solver", "rubric", "scoring"
 #: ``sft.scoring_targets``: kind (a valid report's scores follow its kind) | items (and its evidence-item recall)
 SCORING_TARGETS = ("kind", "items")
+#: the report kinds a scoring demo draws (the order of ``scoring_demos._BASE_SCORES``) and how often each is drawn:
+#: close to what the evaluator meets at the first RL steps, where a third to a half of the cold start's answers
+#: are invalid, most of them never closed ("(no report)") or uncited
+SCORING_KINDS = ("good", "partial", "no_citation", "fake_citation", "unretrieved_citation", "truncated", "off_topic",
+                 "empty")
+KIND_WEIGHTS = (0.3, 0.1, 0.15, 0.05, 0.1, 0.05, 0.05, 0.2)
+
+
+def kind_weights(overrides: dict[str, float] | None) -> tuple[float, ...]:
+    """The draw weight of each kind in :data:`SCORING_KINDS` order: the defaults, with the kinds
+    ``sft.scoring_kind_weights`` names replaced (e.g. more uncited reports, so the evaluator sees more reports whose
+    citation check must find none). Unknown kinds, negative weights or all-zero weights are refused."""
+    if not overrides:
+        return KIND_WEIGHTS
+    unknown = sorted(set(overrides) - set(SCORING_KINDS))
+    if unknown:
+        raise ValueError(f"sft.scoring_kind_weights: unknown kind(s) {unknown}; allowed {list(SCORING_KINDS)}")
+    weights = tuple(float(overrides.get(k, w)) for k, w in zip(SCORING_KINDS, KIND_WEIGHTS))
+    if any(not w >= 0 for w in weights) or sum(weights) <= 0:
+        raise ValueError(f"sft.scoring_kind_weights={dict(overrides)}: weights must be >= 0 and not all 0")
+    return weights
 
 
 @dataclass

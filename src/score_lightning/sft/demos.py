@@ -31,7 +31,9 @@ from collections.abc import Sequence
 from score_lightning.harness.state import HarnessState
 from score_lightning.retrieval.base import Retriever
 from score_lightning.sft.context import DemoContext
-from score_lightning.sft.demo_types import RUBRIC, SCORING, SOLVER, Demo, DemoBudgets, DemoStats, ReportShape
+from score_lightning.sft.demo_types import (
+    RUBRIC, SCORING, SOLVER, Demo, DemoBudgets, DemoStats, KIND_WEIGHTS, ReportShape,
+)
 from score_lightning.sft.rubric_demos import rubric_group
 from score_lightning.sft.scoring_demos import scoring_group
 from score_lightning.sft.solver_demos import solver_group
@@ -56,12 +58,13 @@ class DemoBuilder:
 
     def build(self, n_solver: int, n_rubric: int, n_scoring: int,
               per_prompt: dict[str, int] | None = None, extra: Sequence[ExtraKind] = (),
-              scoring_contrast: float = 0.0) -> list[Demo]:
+              scoring_contrast: float = 0.0, scoring_weights: tuple[float, ...] | None = None) -> list[Demo]:
         """About ``n_*`` demos per kind, in groups of ``per_prompt[kind]`` responses sharing one prompt.
 
         ``extra`` registers the solver workflows' kinds (:mod:`~score_lightning.sft.workflow_demos`),
         built after the default three, which stay byte-identical. ``scoring_contrast``: the share of scoring
-        prompts built as contrast groups (:func:`~score_lightning.sft.scoring_demos.scoring_group`).
+        prompts built as contrast groups (:func:`~score_lightning.sft.scoring_demos.scoring_group`);
+        ``scoring_weights``: the draw weight of each report kind in the others (None: the defaults).
 
         Deterministic given the seed; a kind's demos do not depend on the other kinds' counts. The
         ``group`` field numbers the prompts (the trainer runs each prompt once for its whole group).
@@ -85,7 +88,7 @@ class DemoBuilder:
                 elif kind == RUBRIC:
                     ds = rubric_group(ctx, sub, size)
                 elif kind == SCORING:
-                    ds = scoring_group(ctx, sub, query, size, scoring_contrast)
+                    ds = scoring_group(ctx, sub, query, size, scoring_contrast, scoring_weights or KIND_WEIGHTS)
                 else:
                     ds = builders[kind](ctx, sub, query, size)
                 self.stats.dropped[kind] = self.stats.dropped.get(kind, 0) + max(0, size - len(ds))
@@ -107,7 +110,7 @@ def build_demos(tokenizer, retriever: Retriever, queries: Sequence[str], budgets
                 base_state: HarnessState | None = None,
                 per_prompt: dict[str, int] | None = None,
                 extra: Sequence[ExtraKind] = (), scoring_contrast: float = 0.0,
-                report: ReportShape | None = None,
+                report: ReportShape | None = None, scoring_weights: tuple[float, ...] | None = None,
                 items: dict[str, list] | None = None) -> tuple[list[Demo], DemoStats]:
     """Build all demonstrations; returns them (solver, rubric, scoring, then ``extra`` kinds) and the counts.
 
@@ -115,7 +118,7 @@ def build_demos(tokenizer, retriever: Retriever, queries: Sequence[str], budgets
     ``items`` (``sft.scoring_targets=items``: evidence items by question) makes valid reports' scores follow them.
     """
     builder = DemoBuilder(tokenizer, retriever, queries, budgets, base_state, seed, report, items)
-    demos = builder.build(n_solver, n_rubric, n_scoring, per_prompt, extra, scoring_contrast)
+    demos = builder.build(n_solver, n_rubric, n_scoring, per_prompt, extra, scoring_contrast, scoring_weights)
     return demos, builder.stats
 
 

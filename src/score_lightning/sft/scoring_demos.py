@@ -26,7 +26,7 @@ from score_lightning.roles.prompts import scoring_messages
 from score_lightning.roles.rubric import Rubric, fallback_rubric
 from score_lightning.sft.context import DemoContext
 from score_lightning.rollout.chat import encode_chat, truncate_text
-from score_lightning.sft.demo_types import SCORING, Demo
+from score_lightning.sft.demo_types import KIND_WEIGHTS, SCORING, SCORING_KINDS, Demo
 from score_lightning.sft.rubric_demos import random_rubric, random_state
 from score_lightning.sft.solver_demos import answer_for, claim_count, search_count, solver_plan, visible_evidence
 from score_lightning.sft.text import query_entities, search_queries
@@ -34,9 +34,7 @@ from score_lightning.sft.text import query_entities, search_queries
 #: base score per report quality kind; the key order is also the order kinds are drawn in
 _BASE_SCORES = {"good": 8, "partial": 6, "no_citation": 4, "fake_citation": 3, "unretrieved_citation": 3,
                 "truncated": 4, "off_topic": 2, "empty": 0}
-#: how often each kind is drawn: close to what the evaluator meets at the first RL steps, where a third to
-#: a half of the cold start's answers are invalid, most of them never closed ("(no report)") or uncited
-_KIND_WEIGHTS = (0.3, 0.1, 0.15, 0.05, 0.1, 0.05, 0.05, 0.2)
+assert tuple(_BASE_SCORES) == SCORING_KINDS  # the draw order ``sft.scoring_kind_weights`` is read in
 #: kinds of valid reports: under ``sft.scoring_targets=items`` their base score follows their item recall
 _VALID_KINDS = ("good", "partial")
 #: kinds whose citations are not grounded in the report's own searches
@@ -176,12 +174,14 @@ def _citations(ctx: DemoContext, reports: list[str], feats: list[dict]) -> list 
     return [cited_passages(r, f["sources"], corpus, limit, cut) for r, f in zip(reports, feats)]
 
 
-def scoring_group(ctx: DemoContext, rng: random.Random, query: str, n: int, contrast: float = 0.0) -> list[Demo]:
+def scoring_group(ctx: DemoContext, rng: random.Random, query: str, n: int, contrast: float = 0.0,
+                  weights: tuple[float, ...] = KIND_WEIGHTS) -> list[Demo]:
     """``n`` evaluations of one scoring prompt: K reports of mixed quality (joint), or one (pointwise).
 
     ``contrast`` (joint only): the share of prompts whose K reports are one report and its minimal edits, so
     the scores must follow the one thing that differs (a grounded citation, the topic, the conclusion), not
-    the wording; 0 draws every prompt as before, from the same random stream."""
+    the wording; 0 draws every prompt as before, from the same random stream. ``weights``: each kind's draw
+    weight (:func:`kind_weights`) in the other prompts."""
     b = ctx.b
     state = random_state(rng, ctx.base, b.evaluator_max_tool_calls)
     rubric = fallback_rubric(state) if rng.random() < 0.3 else random_rubric(rng, state)
@@ -194,7 +194,7 @@ def scoring_group(ctx: DemoContext, rng: random.Random, query: str, n: int, cont
         kinds += rng.choices(_CONTRAST_KINDS, k=K - len(kinds))
         rng.shuffle(kinds)
     else:
-        kinds = rng.choices(list(_BASE_SCORES), weights=_KIND_WEIGHTS, k=K)
+        kinds = rng.choices(list(_BASE_SCORES), weights=weights, k=K)
     reports, feats = [], []
     for kind in kinds:
         text, feat = _report(ctx, random.Random(rng.random() if base is None else base), query, rubric, kind)

@@ -37,6 +37,7 @@ def build_sft_demos(cfg: DictConfig, tokenizer, retriever=None) -> tuple[list[De
         int(s.num_scoring_demos), seed=int(s.seed), base_state=base, per_prompt=per,
         extra=workflow_kinds(WorkflowDemoSpec.from_cfg(cfg)),  # solver.agent=mams / reward.step=rubric only
         scoring_contrast=float(s.get("scoring_contrast", 0.0)),
+        scoring_weights=scoring_kind_weights(cfg),  # None: the default mix of report kinds
         report=ReportShape.from_cfg(s.get("report")),  # None: the short answers of the packaged tiny cold start
         items=scoring_items(cfg),  # None unless sft.scoring_targets=items
     )
@@ -47,6 +48,15 @@ def build_sft_demos(cfg: DictConfig, tokenizer, retriever=None) -> tuple[list[De
     info = {"built": stats.built, "dropped_budget": stats.dropped, "dropped_max_seq_len": len(demos) - len(kept),
             **demo_summary(kept)}
     return kept, info
+
+
+def scoring_kind_weights(cfg: DictConfig) -> tuple[float, ...] | None:
+    """``sft.scoring_kind_weights``: None (the default mix) or each report kind's draw weight, the named kinds
+    replaced (validated by :func:`~score_lightning.sft.scoring_demos.kind_weights`)."""
+    from score_lightning.sft.demo_types import kind_weights
+
+    raw = cfg.sft.get("scoring_kind_weights")
+    return None if raw is None else kind_weights(OmegaConf.to_container(raw, resolve=True))
 
 
 def scoring_items(cfg: DictConfig) -> dict[str, list] | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from score_lightning.launch.config_validation.values import Checks, integer, number
-from score_lightning.sft.demo_types import SCORING_TARGETS, ReportShape
+from score_lightning.sft.demo_types import SCORING_KINDS, SCORING_TARGETS, ReportShape, kind_weights
 
 _DTYPES = {"float32", "fp32", "bfloat16", "bf16", "float16", "fp16"}  # models.resolve_dtype (no torch import here)
 #: significant bits of each low-precision dtype (the stored mantissa plus the implicit one)
@@ -171,6 +171,12 @@ def check_sft(c: Checks) -> None:
       "a share in [0, 1] of scoring prompts built as one report and its minimal edits")
     c("sft.scoring_targets", lambda v: v in SCORING_TARGETS,
       "kind (scores follow the report's kind) or items (a valid report's scores also follow its item_recall)")
+    weights = c.get("sft.scoring_kind_weights")
+    try:  # the demo builder's own reading, so the two cannot disagree
+        kind_weights(None if weights is None else dict(weights))
+    except (TypeError, ValueError) as e:
+        c.add(f"{e}" if str(e).startswith("sft.") else f"sft.scoring_kind_weights={weights!r}: allowed null or a "
+              f"mapping of report kinds {list(SCORING_KINDS)} to weights >= 0 ({e})")
     try:  # the demo builder's own reading of the shape, so the two cannot disagree
         ReportShape.from_cfg(c.get("sft.report"))
     except (KeyError, TypeError, ValueError) as e:
