@@ -15,7 +15,7 @@ from score_lightning.rollout.agent import AgentConfig
 SOLVER, RUBRIC, SCORING = "solver", "rubric", "scoring"
 #: ``sft.scoring_targets``: kind (a valid report's scores follow its kind) | items (and its evidence-item recall)
 SCORING_TARGETS = ("kind", "items")
-#: the report kinds a scoring demo draws (the order of ``scoring_demos._BASE_SCORES``) and how often each is drawn:
+#: the report kinds a scoring demo draws, in draw order, and how often each is drawn:
 #: close to what the evaluator meets at the first RL steps, where a third to a half of the cold start's answers
 #: are invalid, most of them never closed ("(no report)") or uncited
 SCORING_KINDS = ("good", "partial", "no_citation", "fake_citation", "unretrieved_citation", "truncated", "off_topic",

@@ -31,10 +31,10 @@ from score_lightning.sft.rubric_demos import random_rubric, random_state
 from score_lightning.sft.solver_demos import answer_for, claim_count, search_count, solver_plan, visible_evidence
 from score_lightning.sft.text import query_entities, search_queries
 
-#: base score per report quality kind; the key order is also the order kinds are drawn in
+#: base score per report quality kind (every kind a demo draws has one)
 _BASE_SCORES = {"good": 8, "partial": 6, "no_citation": 4, "fake_citation": 3, "unretrieved_citation": 3,
                 "truncated": 4, "off_topic": 2, "empty": 0}
-assert tuple(_BASE_SCORES) == SCORING_KINDS  # the draw order ``sft.scoring_kind_weights`` is read in
+assert set(_BASE_SCORES) == set(SCORING_KINDS)
 #: kinds of valid reports: under ``sft.scoring_targets=items`` their base score follows their item recall
 _VALID_KINDS = ("good", "partial")
 #: kinds whose citations are not grounded in the report's own searches
@@ -194,7 +194,7 @@ def scoring_group(ctx: DemoContext, rng: random.Random, query: str, n: int, cont
         kinds += rng.choices(_CONTRAST_KINDS, k=K - len(kinds))
         rng.shuffle(kinds)
     else:
-        kinds = rng.choices(list(_BASE_SCORES), weights=weights, k=K)
+        kinds = rng.choices(SCORING_KINDS, weights=weights, k=K)
     reports, feats = [], []
     for kind in kinds:
         text, feat = _report(ctx, random.Random(rng.random() if base is None else base), query, rubric, kind)

@@ -52,7 +52,7 @@ def build_sft_demos(cfg: DictConfig, tokenizer, retriever=None) -> tuple[list[De
 
 def scoring_kind_weights(cfg: DictConfig) -> tuple[float, ...] | None:
     """``sft.scoring_kind_weights``: None (the default mix) or each report kind's draw weight, the named kinds
-    replaced (validated by :func:`~score_lightning.sft.scoring_demos.kind_weights`)."""
+    replaced (read and refused by :func:`~score_lightning.sft.demo_types.kind_weights`)."""
     from score_lightning.sft.demo_types import kind_weights
 
     raw = cfg.sft.get("scoring_kind_weights")
