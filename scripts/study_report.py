@@ -28,11 +28,12 @@ def ci95(values: list[float]) -> tuple[float, float, int]:
     return mean(vals), T975.get(len(vals) - 1, 1.96) * stdev(vals) / math.sqrt(len(vals)), len(vals)
 
 
-def fmt(values: list[float], digits: int = 3) -> str:
+def fmt(values: list[float], digits: int = 3, signed: bool = True) -> str:
+    """Mean ± half-width; ``signed`` for changes, unsigned for levels (an accuracy, seconds)."""
     m, h, n = ci95(values)
     if n == 0:
         return "n/a"
-    return f"{m:+.{digits}f}" + ("" if math.isnan(h) else f" ± {h:.{digits}f}")
+    return f"{m:{'+' if signed else ''}.{digits}f}" + ("" if math.isnan(h) else f" ± {h:.{digits}f}")
 
 
 def interval(values: list[float], digits: int = 3) -> tuple[str, str]:
@@ -119,29 +120,39 @@ HEALTH_COLUMNS = (("rubric write-fail rate", "write_fail_mean"), ("items per que
                   ("invalid actions /step", "invalid_actions_mean"), ("s / step", "seconds_per_step"))
 
 
+#: the evaluator's pair-set statistics (``bench_evaluator.py`` on a stored pair set), by header; a column shows
+#: only where some cell's end value is finite (a preference pair set has no degraded pairs, for one)
+PAIR_COLUMNS = (("valid-pair acc", "valid_pair_acc"), ("degraded-pair acc", "pair_acc"),
+                ("pair AUC", "auc"), ("pair Cohen's d", "cohen_d"))
+
+
 def health_table(results: list[dict], conds: list[str]) -> list[str]:
     """Each method's own health scalars and seconds per step (mean over its steps, then over seeds), and the
-    evaluator's ``valid_pair_acc`` on a stored pair set at the cold start and at the end, where cells have them."""
+    evaluator's pair-set statistics at the cold start and at the end, where cells have them: ``valid_pair_acc``,
+    degraded-pair accuracy, and the AUC and Cohen's d over all scored pairs (the preference-writer paper's
+    held-out metrics)."""
     def finite(key: str, rows: list[dict]) -> list[float]:
         return [v for v in (r["train"].get(key) for r in rows) if v is not None and math.isfinite(v)]
 
+    def pair_values(key: str, when: str, rows: list[dict]) -> list[float]:
+        vals = [((r.get("evaluator_pairs") or {}).get(when) or {}).get(key) for r in rows]
+        return [v for v in vals if v is not None and math.isfinite(v)]
+
     cols = [(h, k) for h, k in HEALTH_COLUMNS if finite(k, results)]
-    bench = any(r.get("evaluator_pairs") for r in results)
-    if not cols and not bench:
+    pair_cols = [(h, k) for h, k in PAIR_COLUMNS if pair_values(k, "end", results)]
+    if not cols and not pair_cols:
         return []
-    head = ["condition"] + [h for h, _ in cols] + (["valid-pair acc, cold start → end", "degraded-pair acc, cold start → end"]
-                                                   if bench else [])
+    head = ["condition"] + [h for h, _ in cols] + [f"{h}, cold start → end" for h, _ in pair_cols]
     out = ["", "Health and cost (mean over steps, then ± the 95% t-interval over seeds):", "",
            "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for c in conds:
         rows = [r for r in results if r["condition"] == c]
-        cells = [c] + [fmt(finite(k, rows), 2 if k == "seconds_per_step" else 3) if finite(k, rows) else "–"
-                       for _, k in cols]
-        if bench:
-            for key in ("valid_pair_acc", "pair_acc"):
-                start = [(r.get("evaluator_pairs") or {}).get("cold_start", {}).get(key) for r in rows]
-                end = [(r.get("evaluator_pairs") or {}).get("end", {}).get(key) for r in rows]
-                cells.append(f"{fmt(start)} → {fmt(end)}" if any(v is not None for v in end) else "–")
+        cells = [c] + [fmt(finite(k, rows), 2 if k == "seconds_per_step" else 3, signed=False) if finite(k, rows)
+                       else "–" for _, k in cols]
+        for _, key in pair_cols:
+            start, end = pair_values(key, "cold_start", rows), pair_values(key, "end", rows)
+            signed = key == "cohen_d"
+            cells.append(f"{fmt(start, signed=signed)} → {fmt(end, signed=signed)}" if end else "–")
         out.append("| " + " | ".join(cells) + " |")
     return out
 

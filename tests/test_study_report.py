@@ -59,18 +59,39 @@ def test_each_condition_is_measured_over_its_own_cold_start_and_paired_against_o
 
 def test_health_table_shows_what_each_method_logged_and_the_evaluator_start_and_end():
     results = _results()
-    results[2]["evaluator_pairs"] = {"cold_start": {"valid_pair_acc": 0.5, "pair_acc": 0.6},
-                                     "end": {"valid_pair_acc": 0.75, "pair_acc": 0.7}}
+    results[2]["evaluator_pairs"] = {"cold_start": {"valid_pair_acc": 0.5, "pair_acc": 0.6, "auc": 0.55, "cohen_d": -0.1},
+                                     "end": {"valid_pair_acc": 0.75, "pair_acc": 0.7, "auc": 0.65, "cohen_d": 0.3}}
+    results[3]["evaluator_pairs"] = {"cold_start": {"valid_pair_acc": 0.5, "pair_acc": 0.6, "auc": 0.55, "cohen_d": -0.1},
+                                     "end": {"valid_pair_acc": 0.25, "pair_acc": 0.5, "auc": 0.45, "cohen_d": -0.5}}
     rows = health_table(results, ["grpo_baseline", "mams"])
     head = next(r for r in rows if r.startswith("| condition |"))
     assert head == ("| condition | invalid actions /step | s / step | valid-pair acc, cold start → end | "
-                    "degraded-pair acc, cold start → end |")
+                    "degraded-pair acc, cold start → end | pair AUC, cold start → end | "
+                    "pair Cohen's d, cold start → end |")
     grpo = next(r for r in rows if r.startswith("| grpo_baseline |"))
     mams = next(r for r in rows if r.startswith("| mams |"))
-    # seconds: (3, 5) -> 4.00 ± 12.706 * sqrt(2) / sqrt(2); grpo logged no invalid actions and has no pair scores
-    assert grpo == f"| grpo_baseline | – | +4.00 ± {T975[1]:.2f} | – | – |"
-    assert mams.startswith(f"| mams | +2.000 ± {T975[1]:.3f} | +11.00 ± {T975[1]:.2f} | +0.500 → +0.750 | +0.600 → +0.700 |")
+    # levels are unsigned: seconds (3, 5) -> 4.00 ± 12.706 * sqrt(2) / sqrt(2); grpo logged no invalid actions
+    # and has no pair scores
+    assert grpo == f"| grpo_baseline | – | 4.00 ± {T975[1]:.2f} | – | – | – | – |"
+    # pair statistics over seeds: valid (0.75, 0.25) -> 0.500 ± 12.706 * 0.25; d (0.3, -0.5) -> -0.100 ± 12.706 * 0.4
+    assert mams == (f"| mams | 2.000 ± {T975[1]:.3f} | 11.00 ± {T975[1]:.2f} | 0.500 ± 0.000 → 0.500 ± "
+                    f"{T975[1] * 0.25:.3f} | 0.600 ± 0.000 → 0.600 ± {T975[1] * 0.1:.3f} | 0.550 ± 0.000 → 0.550 ± "
+                    f"{T975[1] * 0.1:.3f} | -0.100 ± 0.000 → -0.100 ± {T975[1] * 0.4:.3f} |")
     assert health_table([_cell("rule", 1, 0.3, 0.0)], ["rule"]) == []
+
+
+def test_health_table_drops_a_pair_statistic_no_cell_measured():
+    """A preference pair set holds valid pairs only: its degraded-pair accuracy is NaN in every cell, and a
+    column of "n/a → n/a" would read as a failed measurement."""
+    results = _results()
+    nan = float("nan")
+    for r in results[2:]:
+        r["evaluator_pairs"] = {"cold_start": {"valid_pair_acc": 0.5, "pair_acc": nan, "auc": 0.5, "cohen_d": 0.0},
+                                "end": {"valid_pair_acc": 0.6, "pair_acc": nan, "auc": 0.6, "cohen_d": 0.2}}
+    head = next(r for r in health_table(results, ["grpo_baseline", "mams"]) if r.startswith("| condition |"))
+    assert "degraded-pair acc" not in head
+    assert head.endswith("| valid-pair acc, cold start → end | pair AUC, cold start → end | "
+                         "pair Cohen's d, cold start → end |")
 
 
 def test_training_summary_reads_health_and_step_seconds_from_real_events(tmp_path):
