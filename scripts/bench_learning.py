@@ -356,7 +356,8 @@ def main() -> int:
     if args.figure:
         from learning_figure import draw
 
-        draw(fresh, colds, conditions, Path(args.figure), T975, str(args.steps), subject=study_subject(ref))
+        draw(fresh, colds, conditions, Path(args.figure), T975, str(args.steps), subject=study_subject(ref),
+             against=args.against)
         print(f"figure: {args.figure}")
     if not args.no_append:
         write_section(text, lines, sys.argv, conditions, sorted({r["seed"] for r in fresh}), horizons, args.samples)

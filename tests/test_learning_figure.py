@@ -12,7 +12,7 @@ from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_learning import T975  # noqa: E402
-from learning_figure import _band, draw  # noqa: E402
+from learning_figure import MANY, _band, draw, forest_rows, smoothed  # noqa: E402
 
 
 def test_band_is_the_t_interval_over_the_seeds_that_reached_each_step():
@@ -33,6 +33,40 @@ def test_draw_writes_a_png(tmp_path):
                for c in ("score", "grpo_baseline") for s in (31, 32, 33)]
     out = tmp_path / "fig" / "study.png"
     draw(results, {"score": card, "grpo_baseline": card}, ["score", "grpo_baseline"], out, T975, "160")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+
+
+def test_smoothed_is_a_trailing_mean_that_skips_missing_steps():
+    assert smoothed([1.0, 3.0, math.nan, 5.0, 7.0], window=2) == pytest.approx([1.0, 2.0, 3.0, 5.0, 6.0])
+
+
+def test_forest_rows_pair_each_seed_against_the_arm_over_each_side_own_cold_start():
+    def cell(cond: str, seed: int, valid: float, secs: float) -> dict:
+        return {"condition": cond, "seed": seed, "heldout": {"160": {"grounded_valid": valid}},
+                "train": {"seconds_per_step": secs}}
+
+    results = [cell("grpo_baseline", 1, 0.30, 3.0), cell("grpo_baseline", 2, 0.40, 5.0),
+               cell("mams", 1, 0.50, 10.0), cell("mams", 2, 0.70, 12.0), cell("mams", 3, 0.90, 14.0)]
+    colds = {"grpo_baseline": {"grounded_valid": 0.20}, "mams": {"grounded_valid": 0.10}}
+    grpo, mams = forest_rows(results, colds, ["grpo_baseline", "mams"], "160", T975, "grpo_baseline")
+    # grpo: changes (0.10, 0.20); no pair against itself
+    assert grpo["delta"] == pytest.approx((0.15, T975[1] * math.sqrt(0.005) / math.sqrt(2)))
+    assert all(math.isnan(v) for v in grpo["paired"])
+    # mams over its own cold start: (0.40, 0.60, 0.80); paired on seeds 1 and 2 only: (0.40-0.10, 0.60-0.20)
+    assert mams["delta"][0] == pytest.approx(0.60) and mams["seeds"] == 3
+    assert mams["paired"] == pytest.approx((0.35, T975[1] * math.sqrt(0.005) / math.sqrt(2)))
+    assert mams["seconds"] == pytest.approx((12.0, T975[2] * 2.0 / math.sqrt(3)))
+
+
+def test_draw_many_conditions_writes_a_forest_png(tmp_path):
+    card = {"grounded_valid": 0.15, "format_valid": 0.7, "citation_precision": 0.8}
+    conds = [f"method{i}" for i in range(MANY + 2)]
+    results = [{"condition": c, "seed": s,
+                "train": {"seconds_per_step": 3.0 + i, "curves": {"solver/reward_mean": [0.1 * i] * 30}},
+                "heldout": {"160": {k: v + 0.01 * s * i for k, v in card.items()}}}
+               for i, c in enumerate(conds) for s in (61, 62)]
+    out = tmp_path / "forest.png"
+    draw(results, {c: card for c in conds}, conds, out, T975, "160", against="method0")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
 
 
