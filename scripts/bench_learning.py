@@ -32,7 +32,12 @@ differences between conditions. The last lines are one per condition::
         heldout_recall_delta_ci=[lo,hi] reward_slope=+y reward_slope_ci=[lo,hi]
 
 (one line each; ``heldout_recall_delta`` is the change in the card's ``item_recall``, the share of each held-out
-query's evidence items a sampled answer satisfies; ``nan`` for cards made before it existed.)
+query's evidence items a sampled answer satisfies; ``nan`` for cards made before it existed.) Just before them,
+one line per paired difference (each condition against ``--against``, or every pair), same seeds, each side's
+change over its own cold start::
+
+    pair=A-B seeds=N heldout_valid_delta=+x heldout_valid_delta_ci=[lo,hi] heldout_recall_delta=+r
+        heldout_recall_delta_ci=[lo,hi]
 
 ``--tuning-seeds`` are run and reported apart, never pooled with the study's seeds.
 """
@@ -52,7 +57,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from study_cells import (  # noqa: E402
     evaluator_pairs, guard_stop, run_in_lanes, run_logged, train_horizons, training_summary,
 )
-from study_report import T975, ci95, fmt, report, summary_lines, write_section  # noqa: E402
+from study_report import T975, ci95, fmt, paired_lines, report, summary_lines, write_section  # noqa: E402
 
 CONDITIONS: dict[str, list[str]] = {
     "score": ["experiment=tiny_score"],
@@ -351,7 +356,8 @@ def main() -> int:
     if tuned:
         text += "\n\nTuning seeds (reported apart, never pooled):\n\n" + report(tuned, colds, conditions, horizons,
                                                                                    args.against)
-    lines = summary_lines(fresh, colds, conditions, args.steps)
+    lines = (paired_lines(fresh, colds, conditions, args.steps, args.against)
+             + summary_lines(fresh, colds, conditions, args.steps))
     print(text)
     if args.figure:
         from learning_figure import draw

@@ -73,6 +73,13 @@ def paired(results: list[dict], a: str, b: str, value) -> list[float]:
     return [value(by[(a, s)]) - value(by[(b, s)]) for s in seeds]
 
 
+def pair_list(conds: list[str], against: str | None) -> list[tuple[str, str]]:
+    """Each condition against ``against`` when it is one of them, else every pair in the given order."""
+    if against in conds:
+        return [(c, against) for c in conds if c != against]
+    return [(a, b) for i, a in enumerate(conds) for b in conds[i + 1:]]
+
+
 def report(results: list[dict], colds: dict[str, dict], conditions: list[str], horizons: list[int],
            against: str | None = None) -> str:
     """Per condition: the held-out change at each horizon over its own cold start (``colds[condition]``), the
@@ -100,8 +107,7 @@ def report(results: list[dict], colds: dict[str, dict], conditions: list[str], h
         lines.append("| " + " | ".join(cells) + " |")
     lines += health_table(results, conds)
     lines += ["", *cold_lines(colds, conds)]
-    pairs = ([(c, against) for c in conds if c != against] if against in conds
-             else [(a, b) for i, a in enumerate(conds) for b in conds[i + 1:]])
+    pairs = pair_list(conds, against)
     if pairs:
         lines += ["", f"Paired differences (same seed), at {last} steps (each side's change over its own cold start):",
                   "", "| pair | seeds | Δ held-out grounded valid | Δ held-out item recall | Δ reward slope /100 steps |",
@@ -186,6 +192,22 @@ def summary_lines(results: list[dict], colds: dict[str, dict], conditions: list[
         out.append(f"condition={c} seeds={len(rows)} heldout_valid_delta={dv} heldout_valid_delta_ci={dv_ci} "
                    f"heldout_recall_delta={dr} heldout_recall_delta_ci={dr_ci} "
                    f"reward_slope={sl} reward_slope_ci={sl_ci}")
+    return out
+
+
+def paired_lines(results: list[dict], colds: dict[str, dict], conditions: list[str], horizon: int,
+                 against: str | None = None) -> list[str]:
+    """One parseable line per pair (``pair_list``), printed before the per-condition lines (which stay last):
+    ``pair=A-B seeds=N heldout_valid_delta=… heldout_valid_delta_ci=[…] heldout_recall_delta=…
+    heldout_recall_delta_ci=[…]``, the same-seed difference of A's and B's changes over their own cold starts."""
+    conds = [c for c in conditions if any(r["condition"] == c for r in results)]
+    out = []
+    for a, b in pair_list(conds, against):
+        dv = paired(results, a, b, lambda r: delta(r, colds[r["condition"]], horizon))
+        dr = paired(results, a, b, lambda r: delta(r, colds[r["condition"]], horizon, "item_recall"))
+        (v, v_ci), (i, i_ci) = interval(dv), interval(dr)
+        out.append(f"pair={a}-{b} seeds={len(dv)} heldout_valid_delta={v} heldout_valid_delta_ci={v_ci} "
+                   f"heldout_recall_delta={i} heldout_recall_delta_ci={i_ci}")
     return out
 
 

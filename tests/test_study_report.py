@@ -15,7 +15,7 @@ from helpers import ROOT
 sys.path.insert(0, str(ROOT / "scripts"))
 import bench_learning  # noqa: E402
 from study_cells import parse_summary_line, training_summary  # noqa: E402
-from study_report import T975, cold_lines, health_table, report, summary_lines  # noqa: E402
+from study_report import T975, cold_lines, health_table, paired_lines, report, summary_lines  # noqa: E402
 
 BASE = {"grounded_valid": 0.20, "format_valid": 0.8, "citation_precision": 0.5, "item_recall": 0.00}
 OWN = {"grounded_valid": 0.40, "format_valid": 0.9, "citation_precision": 0.6, "item_recall": 0.10}
@@ -50,6 +50,14 @@ def test_each_condition_is_measured_over_its_own_cold_start_and_paired_against_o
     half = T975[1] * math.sqrt(0.005) / math.sqrt(2)
     assert f"| mams − grpo_baseline | 2 | +0.050 ± {half:.3f} | +0.120 ± {T975[1] * math.sqrt(0.0032) / math.sqrt(2):.3f} |" in text
     assert "grpo_baseline − mams" not in text
+    # the same pairs as parseable lines, printed before the per-condition lines
+    assert paired_lines(_results(), colds, ["grpo_baseline", "mams"], 160, against="grpo_baseline") == [
+        f"pair=mams-grpo_baseline seeds=2 heldout_valid_delta=+0.050 heldout_valid_delta_ci="
+        f"[{0.05 - half:+.3f},{0.05 + half:+.3f}] heldout_recall_delta=+0.120 heldout_recall_delta_ci="
+        f"[{0.12 - T975[1] * math.sqrt(0.0032) / math.sqrt(2):+.3f},{0.12 + T975[1] * math.sqrt(0.0032) / math.sqrt(2):+.3f}]"]
+    # without an --against arm: every pair, in the given order
+    assert [line.split()[0] for line in paired_lines(_results(), colds, ["mams", "grpo_baseline"], 160)] == [
+        "pair=mams-grpo_baseline"]
     # one line per distinct cold start, naming its conditions
     assert [line.split(" (")[0] for line in cold_lines(colds, ["grpo_baseline", "mams"])] == [
         "Cold start of grpo_baseline", "Cold start of mams"]
