@@ -19,7 +19,8 @@ with one cold start and one set of settings share its card; a relative with its 
 measured over its own.
 
 ``--evaluator-pairs FILE`` also scores each condition's evaluator on a stored pair set
-(``scripts/bench_evaluator.py --pair-set``) at its cold start and at the last horizon; ``--against NAME`` limits
+(``scripts/bench_evaluator.py --pair-set``) at its cold start and at the last horizon; ``--evaluator-probe``
+runs ``bench_evaluator.py --seed 1`` there instead, each model writing the held-out reports it then scores; ``--against NAME`` limits
 the paired differences to each condition against NAME. Each method's health scalars (the rubric writers'
 failures, items per query, the step and stage judges' parse rates, invalid actions) and seconds per step are
 tabled where its cells logged them.
@@ -55,7 +56,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from study_cells import (  # noqa: E402
-    evaluator_pairs, guard_stop, run_in_lanes, run_logged, train_horizons, training_summary,
+    evaluator_readings, guard_stop, run_in_lanes, run_logged, train_horizons, training_summary,
 )
 from study_report import T975, ci95, fmt, paired_lines, report, summary_lines, write_section  # noqa: E402
 
@@ -141,9 +142,10 @@ def card_values(card: dict) -> dict:
 
 
 def run_cell(cond: str, seed: int, horizons: list[int], out: Path, tag: str, extra: list[str], samples: int,
-             train_only: bool, threads: int | None, pair_set: Path | None = None) -> dict | None:
+             train_only: bool, threads: int | None, pair_set: Path | None = None, probe: bool = False) -> dict | None:
     """Train one (condition, seed) to every horizon and card each export; ``result.json`` caches it.
-    ``pair_set``: also score the condition's evaluator on that stored pair set at its cold start and at the end."""
+    ``pair_set``: also score the condition's evaluator on that stored pair set at its cold start and at the end;
+    ``probe``: also let each write and score its own held-out reports (``study_cells.evaluator_readings``)."""
     run = cell_dir(out, cond, tag, seed)
     done = run / "result.json"
     extra = extra + ([f"threads.num={threads}"] if threads else [])
@@ -161,13 +163,9 @@ def run_cell(cond: str, seed: int, horizons: list[int], out: Path, tag: str, ext
                   "train": training_summary(run), "heldout": {str(h): c for h, c in cards.items()},
                   "heldout_greedy": greedy, "export": str(exports[max(horizons)]),
                   "cold_start_model": cold or _model_path(run), "guard_stop": guard_stop(run)}
-    if pair_set is not None and cond not in NO_EVALUATOR and not result.get("evaluator_pairs"):
-        recipe = CONDITIONS[cond] + extra
-        result["evaluator_pairs"] = {
-            "pair_set": _relative(pair_set),
-            "cold_start": evaluator_pairs(pair_set, recipe, out / f"evaluator_cold@{tag or 'default'}" / cond,
-                                          threads=threads),
-            "end": evaluator_pairs(pair_set, recipe, run / "evaluator_pairs", _resolve(result["export"]), threads)}
+    if cond not in NO_EVALUATOR:
+        evaluator_readings(result, CONDITIONS[cond] + extra, out / f"evaluator_cold@{tag or 'default'}" / cond, run,
+                           _resolve(result["export"]), pair_set, probe, threads)
     done.write_text(json.dumps(result, indent=1))
     return result
 
@@ -270,7 +268,8 @@ def _lanes(args: argparse.Namespace, conditions: list[str], out: Path) -> list[d
              "--out", str(out.resolve()), "--threads", str(args.threads), *(["--tag", args.tag] if args.tag else []),
              *(["--archive", str(Path(args.archive).resolve())] if args.archive else []),
              *(["--train-only"] if args.train_only else []),
-             *(["--evaluator-pairs", str(Path(args.evaluator_pairs).resolve())] if args.evaluator_pairs else []), *(["--set", *args.set] if args.set else [])]
+             *(["--evaluator-pairs", str(Path(args.evaluator_pairs).resolve())] if args.evaluator_pairs else []),
+             *(["--evaluator-probe"] if args.evaluator_probe else []), *(["--set", *args.set] if args.set else [])]
     failed = run_in_lanes(cells, args.lanes, lambda c, s: [sys.executable, __file__, "--only", f"{c}:{s}", *flags],
                           out / "lanes", args.threads)
     if failed:
@@ -309,6 +308,9 @@ def main() -> int:
     ap.add_argument("--evaluator-pairs", default=None, metavar="PAIRS.jsonl",
                     help="score each condition's evaluator on this stored pair set (bench_evaluator.py --pair-set) "
                     "at its cold start and at the last horizon")
+    ap.add_argument("--evaluator-probe", action="store_true",
+                    help="also run bench_evaluator.py --seed 1 (its defaults) on each evaluator condition's cold start "
+                    "and last export: each writes its own held-out reports and scores their pairs")
     ap.add_argument("--figure", default=None, help="write a PNG of the curves and the held-out changes (bench extra)")
     args = ap.parse_args()
     conditions = [c for c in (args.modes or args.conditions).split(",") if c]
@@ -326,7 +328,7 @@ def main() -> int:
         if archived is not None and archived.is_file() and not (cell_dir(out, c, args.tag, s) / "result.json").is_file():
             return json.loads(archived.read_text())  # finished in an earlier session whose logs/ is gone: kept
         result = run_cell(c, s, horizons, out, args.tag, list(args.set), args.samples, args.train_only, args.threads,
-                          Path(args.evaluator_pairs).resolve() if args.evaluator_pairs else None)
+                          Path(args.evaluator_pairs).resolve() if args.evaluator_pairs else None, args.evaluator_probe)
         if result is not None and args.archive:
             archive_cell(result, Path(args.archive))
         return result

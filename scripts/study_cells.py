@@ -176,22 +176,48 @@ def run_in_lanes(cells: list[tuple[str, int]], lanes: int, command_of, log_dir: 
         return [f for f in pool.map(one, cells) if f is not None]
 
 
-def evaluator_pairs(pair_set: Path, overrides: list[str], out: Path, model: Path | None = None,
+def evaluator_pairs(pair_set: Path | None, overrides: list[str], out: Path, model: Path | None = None,
                     threads: int | None = None) -> dict[str, float]:
-    """The recipe's evaluator on a stored pair set (``scripts/bench_evaluator.py --pair-set``, scoring seed 1):
-    ``model`` an export, or None for the recipe's own cold start. The parsed last line, cached in ``out``."""
+    """The recipe's evaluator on a stored pair set (``scripts/bench_evaluator.py --pair-set``, scoring seed 1),
+    or with ``pair_set`` None on the pairs of the held-out reports the model itself writes (``--seed 1``, the
+    script's defaults): ``model`` an export, or None for the recipe's own cold start. The parsed last line, cached
+    in ``out``."""
     import json
 
     done = out / "evaluator_pairs.json"
     if done.is_file():
         return json.loads(done.read_text())
+    if model is not None and not any((model / f).is_file() for f in ("config.json", "adapter_config.json")):
+        raise SystemExit(f"the export {model} is not on this machine (logs/ did not survive?): train the cell again "
+                         "to read its evaluator")
     out.mkdir(parents=True, exist_ok=True)
     log = out / "bench_evaluator.log"
-    run_logged([sys.executable, "scripts/bench_evaluator.py", "--seed", "1", "--pair-set", str(pair_set),
+    run_logged([sys.executable, "scripts/bench_evaluator.py", "--seed", "1",
+                *(["--pair-set", str(pair_set)] if pair_set is not None else []),
                 "--out", str(out), *(["--model", str(model)] if model is not None else []), *overrides], log, threads)
     values = parse_summary_line(log.read_text().strip().splitlines()[-1])
     done.write_text(json.dumps(values, indent=1))
     return values
+
+
+def evaluator_readings(result: dict, recipe: list[str], cold_out: Path, run: Path, export: Path,
+                       pair_set: Path | None, probe: bool, threads: int | None) -> None:
+    """Fill ``result`` with the condition's evaluator read at its cold start and at its last export (each
+    cached, each once): ``evaluator_pairs`` on the stored ``pair_set`` (the same pairs at both ends), and with
+    ``probe`` ``evaluator_probe``, each model writing and scoring its own held-out reports (bench_evaluator's
+    ``--seed 1`` defaults: what that model's evaluator knows about that model's reports)."""
+    if pair_set is not None and not result.get("evaluator_pairs"):
+        pair_set = pair_set.resolve()
+        result["evaluator_pairs"] = {
+            "pair_set": str(pair_set.relative_to(ROOT)) if pair_set.is_relative_to(ROOT) else str(pair_set),
+            "cold_start": evaluator_pairs(pair_set, recipe, cold_out, threads=threads),
+            "end": evaluator_pairs(pair_set, recipe, run / "evaluator_pairs", export, threads)}
+    if probe and not result.get("evaluator_probe"):
+        result["evaluator_probe"] = {
+            "seed": 1,
+            "cold_start": evaluator_pairs(None, recipe, cold_out.parent.parent / f"probe_{cold_out.parent.name}"
+                                          / cold_out.name, threads=threads),
+            "end": evaluator_pairs(None, recipe, run / "evaluator_probe", export, threads)}
 
 
 def parse_summary_line(line: str) -> dict[str, float]:

@@ -130,6 +130,9 @@ HEALTH_COLUMNS = (("rubric write-fail rate", "write_fail_mean"), ("items per que
 #: only where some cell's end value is finite (a preference pair set has no degraded pairs, for one)
 PAIR_COLUMNS = (("valid-pair acc", "valid_pair_acc"), ("degraded-pair acc", "pair_acc"),
                 ("pair AUC", "auc"), ("pair Cohen's d", "cohen_d"))
+#: where a cell keeps them, by header prefix: a stored pair set (``--evaluator-pairs``), and each model's own
+#: held-out reports (``--evaluator-probe``)
+PAIR_SOURCES = (("evaluator_pairs", ""), ("evaluator_probe", "own reports: "))
 
 
 def health_table(results: list[dict], conds: list[str]) -> list[str]:
@@ -140,23 +143,24 @@ def health_table(results: list[dict], conds: list[str]) -> list[str]:
     def finite(key: str, rows: list[dict]) -> list[float]:
         return [v for v in (r["train"].get(key) for r in rows) if v is not None and math.isfinite(v)]
 
-    def pair_values(key: str, when: str, rows: list[dict]) -> list[float]:
-        vals = [((r.get("evaluator_pairs") or {}).get(when) or {}).get(key) for r in rows]
+    def pair_values(source: str, key: str, when: str, rows: list[dict]) -> list[float]:
+        vals = [((r.get(source) or {}).get(when) or {}).get(key) for r in rows]
         return [v for v in vals if v is not None and math.isfinite(v)]
 
     cols = [(h, k) for h, k in HEALTH_COLUMNS if finite(k, results)]
-    pair_cols = [(h, k) for h, k in PAIR_COLUMNS if pair_values(k, "end", results)]
+    pair_cols = [(f"{prefix}{h}", src, k) for src, prefix in PAIR_SOURCES for h, k in PAIR_COLUMNS
+                 if pair_values(src, k, "end", results)]
     if not cols and not pair_cols:
         return []
-    head = ["condition"] + [h for h, _ in cols] + [f"{h}, cold start → end" for h, _ in pair_cols]
+    head = ["condition"] + [h for h, _ in cols] + [f"{h}, cold start → end" for h, _, _ in pair_cols]
     out = ["", "Health and cost (mean over steps, then ± the 95% t-interval over seeds):", "",
            "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for c in conds:
         rows = [r for r in results if r["condition"] == c]
         cells = [c] + [fmt(finite(k, rows), 2 if k == "seconds_per_step" else 3, signed=False) if finite(k, rows)
                        else "–" for _, k in cols]
-        for _, key in pair_cols:
-            start, end = pair_values(key, "cold_start", rows), pair_values(key, "end", rows)
+        for _, src, key in pair_cols:
+            start, end = pair_values(src, key, "cold_start", rows), pair_values(src, key, "end", rows)
             signed = key == "cohen_d"
             cells.append(f"{fmt(start, signed=signed)} → {fmt(end, signed=signed)}" if end else "–")
         out.append("| " + " | ".join(cells) + " |")

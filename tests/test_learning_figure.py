@@ -195,7 +195,7 @@ def test_lanes_pass_each_cell_the_studys_flags_and_merge_what_finished(tmp_path,
     monkeypatch.setattr(bench_learning, "run_in_lanes", fake_lanes)
     args = argparse.Namespace(threads=None, lanes=2, seeds=[41, 42], tuning_seeds=[], steps=40, horizons=[20, 40],
                               samples=8, tag="", archive="docs/studies/x", train_only=False, set=["optim.lr=2e-4"],
-                              evaluator_pairs="pairs.jsonl")
+                              evaluator_pairs="pairs.jsonl", evaluator_probe=True)
     results = bench_learning._lanes(args, ["rule", "score"], tmp_path / "out")
     assert seen["cells"] == [("rule", 41), ("score", 41), ("rule", 42), ("score", 42)] and seen["lanes"] == 2
     cmd = seen["cmd"]
@@ -204,6 +204,7 @@ def test_lanes_pass_each_cell_the_studys_flags_and_merge_what_finished(tmp_path,
     assert Path(cmd[cmd.index("--archive") + 1]).is_absolute() and cmd[-2:] == ["--set", "optim.lr=2e-4"]
     pairs = Path(cmd[cmd.index("--evaluator-pairs") + 1])  # each cell process gets the pair set, resolved
     assert pairs.is_absolute() and pairs.name == "pairs.jsonl"
+    assert "--evaluator-probe" in cmd
     assert sorted((r["condition"], r["seed"]) for r in results) == sorted(seen["cells"])
 
 
@@ -241,3 +242,44 @@ def test_one_lane_runs_every_cell_and_lists_the_failed_ones_at_the_end(tmp_path,
     with pytest.raises(SystemExit, match="evorubric:61"):
         bench_learning.main()
     assert seen == {"cells": [("score", 61), ("evorubric", 61), ("preference", 61)], "lanes": 1}
+
+
+def test_evaluator_readings_score_the_stored_pairs_and_the_models_own_reports_once_each(tmp_path, monkeypatch):
+    """``--evaluator-pairs`` scores one stored set at both ends; ``--evaluator-probe`` lets each end write its own
+    held-out reports (no ``--pair-set``); both cached; an export that is gone is refused with what to do."""
+    import study_cells
+
+    calls: list[list[str]] = []
+
+    def fake_run(cmd, log, threads):
+        calls.append(cmd)
+        n = len(calls)
+        log.write_text(f"progress\npairs=10 pair_acc=0.{n}00 pair_acc_ci=[0.1,0.9] valid_pairs=0 valid_pair_acc=nan "
+                       "valid_pair_acc_ci=[nan,nan] auc=0.6 cohen_d=0.2\n")
+
+    monkeypatch.setattr(study_cells, "run_logged", fake_run)
+    export = tmp_path / "run" / "export_s160"
+    export.mkdir(parents=True)
+    (export / "config.json").write_text("{}")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("")
+    result: dict = {}
+    args = (["experiment=grpo_baseline"], tmp_path / "out" / "evaluator_cold@default" / "grpo_baseline",
+            tmp_path / "run", export)
+    study_cells.evaluator_readings(result, *args, pairs, True, 1)
+    assert [("--pair-set" in c, "--model" in c) for c in calls] == [(True, False), (True, True), (False, False),
+                                                                    (False, True)]
+    assert all(c[c.index("--seed") + 1] == "1" and c[-1] == "experiment=grpo_baseline" for c in calls)
+    assert result["evaluator_pairs"]["cold_start"]["pair_acc"] == 0.1 and result["evaluator_pairs"]["end"]["pair_acc"] == 0.2
+    assert result["evaluator_probe"]["seed"] == 1
+    assert (result["evaluator_probe"]["cold_start"]["pair_acc"], result["evaluator_probe"]["end"]["pair_acc"]) == (0.3, 0.4)
+    assert math.isnan(result["evaluator_probe"]["end"]["valid_pair_acc"])
+    # a second cell of the same condition reuses the cold start's readings; the filled result runs nothing again
+    study_cells.evaluator_readings(result, *args, pairs, True, 1)
+    other: dict = {}
+    study_cells.evaluator_readings(other, args[0], args[1], tmp_path / "run2", export, pairs, True, 1)
+    assert len(calls) == 6 and other["evaluator_probe"]["cold_start"]["pair_acc"] == 0.3
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    with pytest.raises(SystemExit, match="not on this machine"):
+        study_cells.evaluator_readings({}, args[0], args[1], tmp_path / "run3", gone, None, True, 1)

@@ -100,6 +100,13 @@ def test_health_table_drops_a_pair_statistic_no_cell_measured():
     assert "degraded-pair acc" not in head
     assert head.endswith("| valid-pair acc, cold start → end | pair AUC, cold start → end | "
                          "pair Cohen's d, cold start → end |")
+    # the probe of each model's own reports gets its own columns (tiny writes no valid pairs: none of those)
+    results[3]["evaluator_probe"] = {"seed": 1, "cold_start": {"valid_pair_acc": nan, "pair_acc": 0.6},
+                                     "end": {"valid_pair_acc": nan, "pair_acc": 0.8}}
+    rows = health_table(results, ["grpo_baseline", "mams"])
+    head = next(r for r in rows if r.startswith("| condition |"))
+    assert head.endswith("pair Cohen's d, cold start → end | own reports: degraded-pair acc, cold start → end |")
+    assert next(r for r in rows if r.startswith("| mams |")).endswith("| 0.600 → 0.800 |")
 
 
 def test_training_summary_reads_health_and_step_seconds_from_real_events(tmp_path):
