@@ -80,6 +80,42 @@ def pair_list(conds: list[str], against: str | None) -> list[tuple[str, str]]:
     return [(a, b) for i, a in enumerate(conds) for b in conds[i + 1:]]
 
 
+def bracket(values: list[float], digits: int = 3, signed: bool = True) -> str:
+    """``+m [lo, hi]``, the 95% t-interval over seeds as a reader reads it (``+m`` alone with one seed); unsigned
+    for a level (an accuracy)."""
+    m, h, n = ci95(values)
+    if n == 0:
+        return "n/a"
+    sign = "+" if signed else ""
+    return f"{m:{sign}.{digits}f}" + ("" if math.isnan(h) else f" [{m - h:{sign}.{digits}f}, {m + h:{sign}.{digits}f}]")
+
+
+def glance_table(results: list[dict], colds: dict[str, dict], conds: list[str], last: int,
+                 against: str | None) -> list[str]:
+    """One row per condition for a reader choosing a method: what it learns held out (its change over its own cold
+    start, and paired against ``against``), whether its evaluator ranks valid reports, what a step costs."""
+    head = ["condition", "seeds", f"Δ held-out grounded valid @{last}"]
+    head += [f"paired − {against}"] if against in conds else []
+    head += [f"Δ held-out item recall @{last}", "evaluator valid-pair acc, start → end", "s / step"]
+    out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for c in conds:
+        rows = [r for r in results if r["condition"] == c]
+        cells = [c, str(len(rows)), bracket([delta(r, colds[c], last) for r in rows])]
+        if against in conds:
+            cells.append("–" if c == against else
+                         bracket(paired(results, c, against, lambda r: delta(r, colds[r["condition"]], last))))
+        cells.append(bracket([delta(r, colds[c], last, "item_recall") for r in rows]))
+        ends = [[((r.get("evaluator_pairs") or {}).get(w) or {}).get("valid_pair_acc") for r in rows]
+                for w in ("cold_start", "end")]
+        ends = [[v for v in vals if v is not None and math.isfinite(v)] for vals in ends]
+        start = f"{mean(ends[0]):.3f}" if ends[0] else "n/a"  # one cold start: the same reading on every seed
+        cells.append(f"{start} → {bracket(ends[1], signed=False)}" if ends[1] else "–")
+        secs = [v for v in (r["train"].get("seconds_per_step") for r in rows) if v is not None and math.isfinite(v)]
+        cells.append(fmt(secs, 2, signed=False) if secs else "–")
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
 def report(results: list[dict], colds: dict[str, dict], conditions: list[str], horizons: list[int],
            against: str | None = None) -> str:
     """Per condition: the held-out change at each horizon over its own cold start (``colds[condition]``), the
@@ -92,7 +128,9 @@ def report(results: list[dict], colds: dict[str, dict], conditions: list[str], h
                f"Δ greedy grounded valid @{last}",
                "reward slope /100 steps", "validity-part slope /100 steps", "zero-variance groups",
                "score gap valid − invalid", "within-group τ (valid)"])
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    lines = ["At a glance (each change over the condition's own cold start; [95% t-interval over seeds]):", "",
+             *glance_table(results, colds, conds, last, against), "", "In full:", "",
+             "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for c in conds:
         rows = [r for r in results if r["condition"] == c]
         cold = colds[c]

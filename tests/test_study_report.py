@@ -50,6 +50,18 @@ def test_each_condition_is_measured_over_its_own_cold_start_and_paired_against_o
     half = T975[1] * math.sqrt(0.005) / math.sqrt(2)
     assert f"| mams − grpo_baseline | 2 | +0.050 ± {half:.3f} | +0.120 ± {T975[1] * math.sqrt(0.0032) / math.sqrt(2):.3f} |" in text
     assert "grpo_baseline − mams" not in text
+    # at a glance: bracketed intervals, the paired column against the arm, seconds per step
+    glance = text.split("In full:")[0]
+    assert "| condition | seeds | Δ held-out grounded valid @160 | paired − grpo_baseline |" in glance
+    assert (f"| mams | 2 | +0.200 [{0.2 - T975[1] * math.sqrt(0.02) / math.sqrt(2):+.3f}, "
+            f"{0.2 + T975[1] * math.sqrt(0.02) / math.sqrt(2):+.3f}] | +0.050 [{0.05 - half:+.3f}, {0.05 + half:+.3f}] |") in glance
+    assert glance.count("| grpo_baseline | 2 |") == 1 and "| – | +0.030 [" in glance and "| 11.00 ± " in glance
+    # the evaluator column: its cold-start reading, then the end's mean and interval over seeds
+    scored = _results()
+    for r, end in zip(scored[2:], (0.75, 0.25)):
+        r["evaluator_pairs"] = {"cold_start": {"valid_pair_acc": 0.5}, "end": {"valid_pair_acc": end}}
+    glance = report(scored, colds, ["grpo_baseline", "mams"], [160], against="grpo_baseline").split("In full:")[0]
+    assert f"| 0.500 → 0.500 [{0.5 - T975[1] * 0.25:.3f}, {0.5 + T975[1] * 0.25:.3f}] |" in glance
     # the same pairs as parseable lines, printed before the per-condition lines
     assert paired_lines(_results(), colds, ["grpo_baseline", "mams"], 160, against="grpo_baseline") == [
         f"pair=mams-grpo_baseline seeds=2 heldout_valid_delta=+0.050 heldout_valid_delta_ci="
