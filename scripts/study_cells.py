@@ -165,11 +165,11 @@ def run_in_lanes(cells: list[tuple[str, int]], lanes: int, command_of, log_dir: 
         cond, seed = cell
         log = log_dir / f"{cond}_seed{seed}.lane.log"
         t0 = time.time()
-        print(f"lane: start {cond}:{seed}", flush=True)
+        print(f"lane: start {cond}:{seed} at {time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
         with open(log, "a") as fh:
             code = subprocess.run(command_of(cond, seed), cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
                                   env=env).returncode
-        print(f"lane: end {cond}:{seed} rc={code} after {time.time() - t0:.0f} s", flush=True)
+        print(f"lane: end {cond}:{seed} rc={code} after {time.time() - t0:.0f} s at {time.strftime('%H:%M:%S')}", flush=True)
         return None if code == 0 else f"{cond}:{seed} (exit {code}; log: {log})"
 
     with ThreadPoolExecutor(max_workers=max(1, lanes)) as pool:
