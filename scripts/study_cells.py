@@ -169,7 +169,8 @@ def run_in_lanes(cells: list[tuple[str, int]], lanes: int, command_of, log_dir: 
         with open(log, "a") as fh:
             code = subprocess.run(command_of(cond, seed), cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
                                   env=env).returncode
-        print(f"lane: end {cond}:{seed} rc={code} after {time.time() - t0:.0f} s at {time.strftime('%H:%M:%S')}", flush=True)
+        print(f"lane: end {cond}:{seed} rc={code} after {time.time() - t0:.0f} s at {time.strftime('%H:%M:%S')}",
+              flush=True)
         return None if code == 0 else f"{cond}:{seed} (exit {code}; log: {log})"
 
     with ThreadPoolExecutor(max_workers=max(1, lanes)) as pool:
