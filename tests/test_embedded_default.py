@@ -56,7 +56,9 @@ def test_bench_learning_pipeline_produces_a_complete_table(tmp_path):
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| rule |") or line.startswith("| frozen_solver |")]
     main = [r for r in rows if len(r.strip("|").split("|")) == 13]  # the main table; the health table follows
     assert len(main) == 2, rows
-    assert any("| condition | s / step |" in line for line in proc.stdout.splitlines()), proc.stdout[-2000:]
+    health = proc.stdout.split("Health and cost")[1].splitlines()  # its columns: what the cells logged, then cost
+    assert any(line.startswith("| condition |") and line.endswith("| s / step |") for line in health), proc.stdout[-2000:]
+    assert "\nAt a glance" in proc.stdout and "pair=rule-frozen_solver seeds=1 " in proc.stdout
     line = re.compile(r"condition=(\w+) seeds=1 heldout_valid_delta=([+-]\d+\.\d{3}) heldout_valid_delta_ci=\[nan,nan\] "
                       r"heldout_recall_delta=([+-]\d+\.\d{3}) heldout_recall_delta_ci=\[nan,nan\] reward_slope=([+-]\d+\.\d{3}|nan) reward_slope_ci=\[nan,nan\]$")
     found = [m.group(1) for m in map(line.match, proc.stdout.splitlines()) if m]
