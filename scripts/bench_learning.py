@@ -20,7 +20,7 @@ measured over its own.
 
 ``--evaluator-pairs FILE`` also scores each condition's evaluator on a stored pair set
 (``scripts/bench_evaluator.py --pair-set``) at its cold start and at the last horizon; ``--evaluator-probe``
-runs ``bench_evaluator.py --seed 1`` there instead, each model writing the held-out reports it then scores; ``--against NAME`` limits
+also runs ``bench_evaluator.py --seed 1`` there, each model writing the held-out reports it then scores; ``--against NAME`` limits
 the paired differences to each condition against NAME. Each method's health scalars (the rubric writers'
 failures, items per query, the step and stage judges' parse rates, invalid actions) and seconds per step are
 tabled where its cells logged them.
@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from study_cells import (  # noqa: E402
-    evaluator_readings, guard_stop, run_in_lanes, run_logged, train_horizons, training_summary,
+    evaluator_readings, guard_stop, relative, run_in_lanes, run_logged, train_horizons, training_summary,
 )
 from study_report import T975, ci95, fmt, paired_lines, report, summary_lines, write_section  # noqa: E402
 
@@ -217,14 +217,10 @@ def archive_cell(result: dict, archive: Path) -> Path:
     (run / "run_config.json").write_text((export / "run_config.json").read_text())
     if (export / "environment.json").is_file():  # package versions and CPU (exports written before it have none)
         (run / "environment.json").write_text((export / "environment.json").read_text())
-    portable = dict(result, export=_relative(run), cold_start_model=_relative(_resolve(result["cold_start_model"])))
+    portable = dict(result, export=relative(run, ROOT),
+                    cold_start_model=relative(_resolve(result["cold_start_model"]), ROOT))
     (run / "result.json").write_text(json.dumps(portable, indent=1) + "\n")
     return run
-
-
-def _relative(path: Path) -> str:
-    path = path.resolve()
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def _resolve(path: str) -> Path:

@@ -16,6 +16,8 @@ import math
 from pathlib import Path
 from statistics import mean, stdev
 
+from study_report import delta, paired
+
 PANELS = (("solver/reward_mean", "training reward R_s"), ("solver/reward_validity_part", "validity part a(r)"))
 CARD_METRICS = (("grounded_valid", "grounded valid (sampled)"), ("format_valid", "format valid"),
                 ("citation_precision", "citation precision"))
@@ -92,12 +94,8 @@ def draw(results: list[dict], colds: dict[str, dict], conditions: list[str], out
     ax.set_xticks(range(len(CARD_METRICS)), [name for _, name in CARD_METRICS])
     ax.set_title(f"held-out card after {horizon} steps: Δ over the cold start")
     ax.grid(alpha=0.3, axis="y")
-    fig.suptitle(f"Learning on {subject}: {len(seeds)} seeds ({', '.join(map(str, seeds))}); "
-                 "lines and points are means, bands and bars 95% t-intervals over seeds", fontsize=10)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(fig, out, f"Learning on {subject}: {len(seeds)} seeds ({', '.join(map(str, seeds))}); "
+          "lines and points are means, bands and bars 95% t-intervals over seeds")
 
 
 def smoothed(values: list[float], window: int = SMOOTH) -> list[float]:
@@ -115,17 +113,15 @@ def forest_rows(results: list[dict], colds: dict[str, dict], conds: list[str], h
     difference of that change against ``against`` (NaN where there is no such arm or no shared seed), and the
     mean seconds per step."""
     def change(r: dict) -> float:
-        v, c = r["heldout"].get(horizon, {}).get(metric), colds[r["condition"]].get(metric)
-        return v - c if v is not None and c is not None else math.nan
+        return delta(r, colds[r["condition"]], horizon, metric)
 
-    base = {r["seed"]: change(r) for r in results if r["condition"] == against}
     rows = []
     for c in conds:
         cells = [r for r in results if r["condition"] == c]
-        paired = [change(r) - base[r["seed"]] for r in cells if r["seed"] in base] if against and c != against else []
+        diffs = paired(results, c, against, change) if against and c != against else []
         secs = [r["train"].get("seconds_per_step", math.nan) for r in cells]
         rows.append({"condition": c, "delta": _interval([change(r) for r in cells], t975),
-                     "paired": _interval(paired, t975) if paired else (math.nan, math.nan),
+                     "paired": _interval(diffs, t975) if diffs else (math.nan, math.nan),
                      "seconds": _interval(secs, t975), "seeds": len(cells)})
     return rows
 
@@ -171,8 +167,15 @@ def draw_forest(results: list[dict], colds: dict[str, dict], conds: list[str], o
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2, loc="upper left")
-    fig.suptitle(f"Learning on {subject}: {len(seeds)} seeds ({', '.join(map(str, seeds))}); points are means, bars "
-                 "95% t-intervals over seeds (seeds per condition in brackets)", fontsize=10)
+    _save(fig, out, f"Learning on {subject}: {len(seeds)} seeds ({', '.join(map(str, seeds))}); points are means, "
+          "bars 95% t-intervals over seeds (seeds per condition in brackets)")
+
+
+def _save(fig, out: Path, title: str) -> None:
+    """Title, lay out, write the PNG and free the figure."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)

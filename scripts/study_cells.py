@@ -201,6 +201,12 @@ def evaluator_pairs(pair_set: Path | None, overrides: list[str], out: Path, mode
     return values
 
 
+def relative(path: Path, root: Path = ROOT) -> str:
+    """A path as the archive keeps it: relative to the repository (``root``) when inside it, else absolute."""
+    path = path.resolve()
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
 def evaluator_readings(result: dict, recipe: list[str], cold_out: Path, run: Path, export: Path,
                        pair_set: Path | None, probe: bool, threads: int | None) -> None:
     """Fill ``result`` with the condition's evaluator read at its cold start and at its last export (each
@@ -208,16 +214,14 @@ def evaluator_readings(result: dict, recipe: list[str], cold_out: Path, run: Pat
     ``probe`` ``evaluator_probe``, each model writing and scoring its own held-out reports (bench_evaluator's
     ``--seed 1`` defaults: what that model's evaluator knows about that model's reports)."""
     if pair_set is not None and not result.get("evaluator_pairs"):
-        pair_set = pair_set.resolve()
         result["evaluator_pairs"] = {
-            "pair_set": str(pair_set.relative_to(ROOT)) if pair_set.is_relative_to(ROOT) else str(pair_set),
+            "pair_set": relative(pair_set),
             "cold_start": evaluator_pairs(pair_set, recipe, cold_out, threads=threads),
             "end": evaluator_pairs(pair_set, recipe, run / "evaluator_pairs", export, threads)}
     if probe and not result.get("evaluator_probe"):
         result["evaluator_probe"] = {
             "seed": 1,
-            "cold_start": evaluator_pairs(None, recipe, cold_out.parent.parent / f"probe_{cold_out.parent.name}"
-                                          / cold_out.name, threads=threads),
+            "cold_start": evaluator_pairs(None, recipe, cold_out / "probe", threads=threads),
             "end": evaluator_pairs(None, recipe, run / "evaluator_probe", export, threads)}
 
 

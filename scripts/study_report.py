@@ -90,6 +90,17 @@ def bracket(values: list[float], digits: int = 3, signed: bool = True) -> str:
     return f"{m:{sign}.{digits}f}" + ("" if math.isnan(h) else f" [{m - h:{sign}.{digits}f}, {m + h:{sign}.{digits}f}]")
 
 
+def train_values(key: str, rows: list[dict]) -> list[float]:
+    """The cells' finite ``train[key]`` values (a health scalar, seconds per step)."""
+    return [v for v in (r["train"].get(key) for r in rows) if v is not None and math.isfinite(v)]
+
+
+def pair_values(source: str, key: str, when: str, rows: list[dict]) -> list[float]:
+    """The cells' finite evaluator readings ``result[source][when][key]`` (``when``: cold_start or end)."""
+    vals = [((r.get(source) or {}).get(when) or {}).get(key) for r in rows]
+    return [v for v in vals if v is not None and math.isfinite(v)]
+
+
 def glance_table(results: list[dict], colds: dict[str, dict], conds: list[str], last: int,
                  against: str | None) -> list[str]:
     """One row per condition for a reader choosing a method: what it learns held out (its change over its own cold
@@ -105,12 +116,10 @@ def glance_table(results: list[dict], colds: dict[str, dict], conds: list[str], 
             cells.append("–" if c == against else
                          bracket(paired(results, c, against, lambda r: delta(r, colds[r["condition"]], last))))
         cells.append(bracket([delta(r, colds[c], last, "item_recall") for r in rows]))
-        ends = [[((r.get("evaluator_pairs") or {}).get(w) or {}).get("valid_pair_acc") for r in rows]
-                for w in ("cold_start", "end")]
-        ends = [[v for v in vals if v is not None and math.isfinite(v)] for vals in ends]
-        start = f"{mean(ends[0]):.3f}" if ends[0] else "n/a"  # one cold start: the same reading on every seed
-        cells.append(f"{start} → {bracket(ends[1], signed=False)}" if ends[1] else "–")
-        secs = [v for v in (r["train"].get("seconds_per_step") for r in rows) if v is not None and math.isfinite(v)]
+        start, end = (pair_values("evaluator_pairs", "valid_pair_acc", w, rows) for w in ("cold_start", "end"))
+        start_text = f"{mean(start):.3f}" if start else "n/a"  # one cold start: the same reading on every seed
+        cells.append(f"{start_text} → {bracket(end, signed=False)}" if end else "–")
+        secs = train_values("seconds_per_step", rows)
         cells.append(fmt(secs, 2, signed=False) if secs else "–")
         out.append("| " + " | ".join(cells) + " |")
     return out
@@ -178,13 +187,7 @@ def health_table(results: list[dict], conds: list[str]) -> list[str]:
     evaluator's pair-set statistics at the cold start and at the end, where cells have them: ``valid_pair_acc``,
     degraded-pair accuracy, and the AUC and Cohen's d over all scored pairs (the preference-writer paper's
     held-out metrics)."""
-    def finite(key: str, rows: list[dict]) -> list[float]:
-        return [v for v in (r["train"].get(key) for r in rows) if v is not None and math.isfinite(v)]
-
-    def pair_values(source: str, key: str, when: str, rows: list[dict]) -> list[float]:
-        vals = [((r.get(source) or {}).get(when) or {}).get(key) for r in rows]
-        return [v for v in vals if v is not None and math.isfinite(v)]
-
+    finite = train_values
     cols = [(h, k) for h, k in HEALTH_COLUMNS if finite(k, results)]
     pair_cols = [(f"{prefix}{h}", src, k) for src, prefix in PAIR_SOURCES for h, k in PAIR_COLUMNS
                  if pair_values(src, k, "end", results)]
