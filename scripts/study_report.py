@@ -187,8 +187,7 @@ def health_table(results: list[dict], conds: list[str]) -> list[str]:
     evaluator's pair-set statistics at the cold start and at the end, where cells have them: ``valid_pair_acc``,
     degraded-pair accuracy, and the AUC and Cohen's d over all scored pairs (the preference-writer paper's
     held-out metrics)."""
-    finite = train_values
-    cols = [(h, k) for h, k in HEALTH_COLUMNS if finite(k, results)]
+    cols = [(h, k) for h, k in HEALTH_COLUMNS if train_values(k, results)]
     pair_cols = [(f"{prefix}{h}", src, k) for src, prefix in PAIR_SOURCES for h, k in PAIR_COLUMNS
                  if pair_values(src, k, "end", results)]
     if not cols and not pair_cols:
@@ -198,8 +197,8 @@ def health_table(results: list[dict], conds: list[str]) -> list[str]:
            "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for c in conds:
         rows = [r for r in results if r["condition"] == c]
-        cells = [c] + [fmt(finite(k, rows), 2 if k == "seconds_per_step" else 3, signed=False) if finite(k, rows)
-                       else "–" for _, k in cols]
+        cells = [c] + [fmt(v, 2 if k == "seconds_per_step" else 3, signed=False) if v else "–"
+                       for v, k in ((train_values(k, rows), k) for _, k in cols)]
         for _, src, key in pair_cols:
             start, end = pair_values(src, key, "cold_start", rows), pair_values(src, key, "end", rows)
             signed = key == "cohen_d"
