@@ -197,8 +197,10 @@ def health_table(results: list[dict], conds: list[str]) -> list[str]:
            "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for c in conds:
         rows = [r for r in results if r["condition"] == c]
-        cells = [c] + [fmt(v, 2 if k == "seconds_per_step" else 3, signed=False) if v else "–"
-                       for v, k in ((train_values(k, rows), k) for _, k in cols)]
+        cells = [c]
+        for _, k in cols:
+            values = train_values(k, rows)
+            cells.append(fmt(values, 2 if k == "seconds_per_step" else 3, signed=False) if values else "–")
         for _, src, key in pair_cols:
             start, end = pair_values(src, key, "cold_start", rows), pair_values(src, key, "end", rows)
             signed = key == "cohen_d"
