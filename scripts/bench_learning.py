@@ -170,6 +170,16 @@ def run_cell(cond: str, seed: int, horizons: list[int], out: Path, tag: str, ext
     return result
 
 
+def cold_card_name(tag: str, model: Path, settings: dict | None) -> str:
+    """The cache folder's name of a cold start's card: the tag, the cold start and a digest of the card settings.
+    Keyed by what was carded, not by the merge's order, so a merge over other conditions (a lane's own report, a
+    subset) never reads another cold start's cached card."""
+    import hashlib
+
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return f"{tag or 'default'}-{model.name}-{digest}"
+
+
 def cold_cards(results: list[dict], out: Path, tag: str, samples: int, threads: int | None) -> dict[str, dict]:
     """Each condition's cold start carded once, under that condition's own settings (its first cell's export):
     relatives start from their own cold starts and roll out their own workflows, so each change is measured
@@ -188,7 +198,7 @@ def cold_cards(results: list[dict], out: Path, tag: str, samples: int, threads: 
         settings = first["heldout"][str(max(map(int, first["heldout"])))].get("settings")
         card = next((c for m, s, c in made if m == model and not settings_diff(s, settings)), None)
         if card is None:
-            name = f"{tag or 'default'}-{len(made)}" if made else (tag or "default")
+            name = cold_card_name(tag, model, settings)
             card = card_values(heldout_card(model, out / f"cold_start@{name}", samples, settings_of=ref,
                                             threads=threads))
             if settings_diff(card.get("settings"), settings):  # a cached card of another merge's settings

@@ -178,8 +178,19 @@ def test_cold_cards_share_one_card_per_cold_start_and_settings_and_refuse_a_mism
     assert colds["score"] is colds["grpo_baseline"] and colds["mams"] is not colds["score"]
     assert colds["score"]["grounded_valid"] == 0.1 and colds["mams"]["grounded_valid"] == 0.3
     # one sampled and one greedy card per distinct cold start: four, not six
-    assert carded == [("cold_tiny", "cold_start@default"), ("cold_tiny", "cold_start_greedy@default"),
-                      ("cold_mams", "cold_start@default-1"), ("cold_mams", "cold_start_greedy@default-1")]
+    tiny_name = bench_learning.cold_card_name("", tiny, settings["tiny"])
+    mams_name = bench_learning.cold_card_name("", own, settings["mams"])
+    assert tiny_name.startswith("default-cold_tiny-") and mams_name.startswith("default-cold_mams-")
+    assert carded == [("cold_tiny", f"cold_start@{tiny_name}"), ("cold_tiny", f"cold_start_greedy@{tiny_name}"),
+                      ("cold_mams", f"cold_start@{mams_name}"), ("cold_mams", f"cold_start_greedy@{mams_name}")]
+    # a merge over a subset, in another order, reads each cold start's own cached card, never another's
+    carded.clear()
+    monkeypatch.setattr(bench_learning, "heldout_card",
+                        lambda model, out, *a, **k: carded.append((model.name, out.name)) or {
+                            "summary": {"grounded_valid": {"mean": 0.3 if model == own else 0.1}},
+                            "settings": settings["mams" if model == own else "tiny"]})
+    only_mams = bench_learning.cold_cards([results[2]], tmp_path / "out", "", 2, None)
+    assert carded[0] == ("cold_mams", f"cold_start@{mams_name}") and only_mams["mams"]["grounded_valid"] == 0.3
     stray = cell("score", 2, tiny, "react")
     stray["heldout"]["160"]["settings"] = {"agent": "react", "temperature": 0.7}
     with pytest.raises(SystemExit, match="score:2 at 160 steps was carded under other settings"):
