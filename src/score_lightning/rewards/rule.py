@@ -17,7 +17,8 @@ a programmatic quality, ``reward.rule_quality``:
 
 Why this arm exists: it separates the trainer's update from the evaluator's competence. If RL cannot
 raise held-out grounded validity under this reward, the fault is in the update, not in the judge.
-It is also the citation-reward baseline DR Tulu's RLER trains with. The same q is the programmatic
+It is not DR Tulu's citation reward, which judges each claim's support by its cited passages
+(``reward.citation_judge``, STEP.md); it only checks that cited ids were retrieved. The same q is the programmatic
 quality ``scripts/probe_scoring.py`` ranks the evaluator's scores against.
 """
 
