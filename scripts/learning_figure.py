@@ -19,8 +19,8 @@ from statistics import mean, stdev
 from study_report import delta, paired
 
 PANELS = (("solver/reward_mean", "training reward R_s"), ("solver/reward_validity_part", "validity part a(r)"))
-CARD_METRICS = (("grounded_valid", "grounded valid (sampled)"), ("format_valid", "format valid"),
-                ("citation_precision", "citation precision"))
+CARD_METRICS = (("grounded_valid", "grounded valid\n(sampled)"), ("format_valid", "format\nvalid"),
+                ("citation_precision", "citation\nprecision"), ("item_recall", "item\nrecall"))
 # a line style per condition as well as a colour: two conditions can repeat each other exactly (no_verifier is
 # SCORE whenever the verifier never fires), and a solid line drawn under an identical one would vanish
 LINE_STYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)))
@@ -83,19 +83,27 @@ def draw(results: list[dict], colds: dict[str, dict], conditions: list[str], out
     axes[0].legend(fontsize=8, loc="lower right")
     ax = axes[2]
     width = 0.8 / max(1, len(conds))
+    metrics = card_metrics(results, colds, horizon)
     for j, c in enumerate(conds):
         rows = [r for r in results if r["condition"] == c]
-        for i, (metric, _) in enumerate(CARD_METRICS):
+        for i, (metric, _) in enumerate(metrics):
             m, h = _interval([r["heldout"][horizon].get(metric, math.nan) - colds[c].get(metric, math.nan)
                               for r in rows], t975)
             ax.errorbar(i - 0.4 + width * (j + 0.5), m, yerr=h, fmt="o", color=colors[c], capsize=3,
                         label=c if i == 0 else None)
     ax.axhline(0.0, color="black", lw=0.8)
-    ax.set_xticks(range(len(CARD_METRICS)), [name for _, name in CARD_METRICS])
+    ax.set_xticks(range(len(metrics)), [name for _, name in metrics])
     ax.set_title(f"held-out card after {horizon} steps: Δ over the cold start")
     ax.grid(alpha=0.3, axis="y")
     _save(fig, out, f"Learning on {subject}: {len(seeds)} seeds ({', '.join(map(str, seeds))}); "
           "lines and points are means, bands and bars 95% t-intervals over seeds")
+
+
+def card_metrics(results: list[dict], colds: dict[str, dict], horizon: str) -> tuple[tuple[str, str], ...]:
+    """The card metrics both a cell and its cold start carry: cards made before ``item_recall`` existed (the
+    earlier studies) keep their three columns instead of an empty fourth."""
+    return tuple((m, name) for m, name in CARD_METRICS
+                 if any(m in r["heldout"].get(horizon, {}) and m in colds.get(r["condition"], {}) for r in results))
 
 
 def smoothed(values: list[float], window: int = SMOOTH) -> list[float]:

@@ -12,7 +12,7 @@ from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_learning import T975  # noqa: E402
-from learning_figure import MANY, _band, draw, forest_rows, smoothed  # noqa: E402
+from learning_figure import MANY, _band, card_metrics, draw, forest_rows, smoothed  # noqa: E402
 
 
 def test_band_is_the_t_interval_over_the_seeds_that_reached_each_step():
@@ -34,6 +34,15 @@ def test_draw_writes_a_png(tmp_path):
     out = tmp_path / "fig" / "study.png"
     draw(results, {"score": card, "grpo_baseline": card}, ["score", "grpo_baseline"], out, T975, "160")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+
+
+def test_the_card_panel_shows_item_recall_only_where_cells_and_cold_start_carry_it():
+    old = {"grounded_valid": 0.2, "format_valid": 0.7, "citation_precision": 0.8}
+    new = {**old, "item_recall": 0.1}
+    cell = {"condition": "score", "heldout": {"20": new}}
+    assert [m for m, _ in card_metrics([cell], {"score": new}, "20")][-1] == "item_recall"
+    assert "item_recall" not in [m for m, _ in card_metrics([cell], {"score": old}, "20")]
+    assert "item_recall" not in [m for m, _ in card_metrics([{**cell, "heldout": {"20": old}}], {"score": new}, "20")]
 
 
 def test_smoothed_is_a_trailing_mean_that_skips_missing_steps():
