@@ -46,6 +46,7 @@ change over its own cold start::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -174,8 +175,6 @@ def cold_card_name(tag: str, model: Path, settings: dict | None) -> str:
     """The cache folder's name of a cold start's card: the tag, the cold start and a digest of the card settings.
     Keyed by what was carded, not by the merge's order, so a merge over other conditions (a lane's own report, a
     subset) never reads another cold start's cached card."""
-    import hashlib
-
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:8]
     return f"{tag or 'default'}-{model.name}-{digest}"
 
