@@ -122,14 +122,14 @@ def _edit(kind: str, base: Side, query_id: str, items: Sequence[ItemLike], rng: 
         o = rng.choice(list(others))
         return judge_side(o.text, o.retrieved, grounded_answer_valid(o.text, o.retrieved, min_chars), items, kind,
                           o.source_query, o.sample)
-    if kind == "no_citation":
-        new = drop_citations(text)
+    if kind == "no_citation":  # citations read as the reward reads them: with the report's retrieved ids
+        new = drop_citations(text, base.retrieved)
     elif kind == "unretrieved_citation":
-        cites = cited_ids(text)
+        cites = cited_ids(text, base.retrieved)
         pool = known_ids or frozenset(r for o in others for r in o.retrieved)
         if not cites or not (set(pool) - set(base.retrieved)):
             return None
-        new = replace_citation(text, cites[0], unretrieved_id(rng, pool, base.retrieved))
+        new = replace_citation(text, cites[0], unretrieved_id(rng, pool, base.retrieved), base.retrieved)
     elif kind == "truncated":
         new = cut_short(text)
     else:

@@ -5,7 +5,8 @@
 does not take for a reference is not one:
 
 * a subscript or call: the brackets follow a closing bracket or a quote (``x[0][1]``'s second group,
-  ``f(x)[0]``, ``d["k"]``), or an ASCII identifier and hold an index or key (below);
+  ``d["k"]``), a call's parenthesis (``f(x)[0]``, below), or an ASCII identifier and hold an index or key
+  (below);
 * a markdown link or image (``[text](url)``, ``![alt](img)``) and a link definition
   (``[ref]: https://...`` at the start of a line);
 * anything inside a code span (```` `sys.argv[1]` ````) or a fenced block (```` ``` ```` or ``~~~``).
@@ -25,6 +26,16 @@ before it:
   or an id in ``known_ids``. Everything else reads as code: an integer (``argv[1]``: digits after an
   identifier are an index), a bare name (``d[k]``, ``x[i]``), a slice or expression (``a[i:j]``,
   ``heap[2*k+1]``), a quoted key, an attribute with a private part (``modules[obj.__module__]``).
+
+**Brackets right after a parenthesis.** ``f(x)[0]`` indexes a call, but ``数据(见下)[doc-1]。`` cites after a
+parenthetical remark. The ``(`` matching the ``)`` (on the same line) decides:
+
+* an ASCII word character, a closing bracket or a quote right before it (``f(x)[0]``, ``items()[2]``,
+  ``g()(x)[0]``): a call, code whatever the group holds;
+* a non-ASCII letter right before it, or one inside the parentheses (``数据(见下)[doc-1]``,
+  ``data (见下)[doc-1]``): a citation, as after a CJK word;
+* else an ASCII remark after a space or at the start (``(see below)[json.dumps]``, ``(a, b)[1]``): as after an
+  identifier, a citation only of a dotted name or an id in ``known_ids``. No matching ``(``: code.
 
 So ``it[17]`` and ``standard[pathlib]`` are ambiguous without context and read as code; a caller that
 knows the ids a citation could name (the trajectory's retrieved ids, the corpus's ids) passes them as
@@ -85,6 +96,24 @@ def _attached_cites(masked: str, start: int, first_id: str, known_ids: Collectio
     return first_id in known_ids or bool(_DOTTED_ID_RE.fullmatch(first_id))
 
 
+def _after_parenthesis(masked: str, close: int, first_id: str, known_ids: Collection[str]) -> bool:
+    """Whether a run of groups right after the ``)`` at ``close`` is a citation (rule in the module docstring)."""
+    depth, line_start = 0, masked.rfind("\n", 0, close) + 1
+    for i in range(close, line_start - 1, -1):
+        depth += {")": 1, "(": -1}.get(masked[i], 0)
+        if depth == 0:
+            break
+    else:
+        return False  # no matching "(" on the line
+    opener = masked[i - 1] if i > 0 else ""
+    if opener and (_ASCII_WORD.match(opener) or _SUBSCRIPT_BEFORE.match(opener)):
+        return False  # f(x)[0], items()[2], g()(x)[0]
+    remark = masked[i + 1:close]
+    if (opener and not opener.isascii() and _WORD.match(opener)) or any(not c.isascii() and c.isalpha() for c in remark):
+        return True  # 数据(见下)[doc-1], data (见下)[doc-1]
+    return first_id in known_ids or bool(_DOTTED_ID_RE.fullmatch(first_id))
+
+
 def citation_spans(text: str, known_ids: Collection[str] | None = None) -> list[tuple[int, int, str]]:
     """``(start, end, id)`` of every citation in ``text``, in order (the rule in the module docstring).
 
@@ -99,8 +128,11 @@ def citation_spans(text: str, known_ids: Collection[str] | None = None) -> list[
         start, end = chain.span()
         groups = list(_ID_RE.finditer(masked, start, end))
         before = masked[start - 1] if start > 0 else ""
-        if before and _SUBSCRIPT_BEFORE.match(before):
-            continue  # x[0][1]'s second group, f(x)[0], d["k"]
+        if before == ")":
+            if not _after_parenthesis(masked, start - 1, groups[0].group(1), known):
+                continue  # f(x)[0], (a, b)[1]
+        elif before and _SUBSCRIPT_BEFORE.match(before):
+            continue  # x[0][1]'s second group, d["k"]
         if before and _WORD.match(before) and not _attached_cites(masked, start, groups[0].group(1), known):
             continue  # sys.argv[1], d[k], a[i:j]
         if masked.startswith("(", end) or before == "!":
@@ -119,7 +151,7 @@ def cited_ids(text: str, known_ids: Collection[str] | None = None) -> tuple[str,
 
 def strip_citations(text: str, known_ids: Collection[str] | None = None) -> str:
     """Remove citations (only those: ``sys.argv[1]`` stays) and normalise whitespace, with no space left
-    before punctuation."""
+    before punctuation (the full-width ``。，`` of Chinese prose too)."""
     spans = citation_spans(text, known_ids)
     if spans:
         pieces, last = [], 0
@@ -129,7 +161,7 @@ def strip_citations(text: str, known_ids: Collection[str] | None = None) -> str:
         pieces.append(text[last:])
         text = " ".join(pieces)
     text = re.sub(r"\s+", " ", text).strip()
-    return re.sub(r"\s+([.,;:!?])", r"\1", text)
+    return re.sub(r"\s+([.,;:!?。，、；：！？])", r"\1", text)
 
 
 def ungrounded_ids(cited: Iterable[str], retrieved: Iterable[str]) -> tuple[str, ...]:

@@ -9,40 +9,52 @@ Two users, one home, so the flaws the evaluator is taught to see are the ones it
 
 The edits (pure functions of the text; the random choices come from the caller's ``rng``):
 
-* :func:`drop_citations`: every bracketed citation removed (a report that cites nothing);
+* :func:`drop_citations`: every citation removed (a report that cites nothing);
 * :func:`replace_citation` with :func:`invented_id` (an id no corpus holds, ``json.helper``) or
   :func:`unretrieved_id` (a real corpus id that the report's own searches never returned);
 * :func:`cut_short`: the conclusion dropped and the rest cut to its first half;
 * off-topic (another query's report) and empty (no report) need no text function.
+
+What a citation is comes from :mod:`score_lightning.rewards.citations`, the reward's own rule: an edit that
+dropped ``sys.argv[1]``'s ``[1]`` or missed ``数据(见下)[doc-1]`` would differ from its original in more, or
+less, than the one flaw. ``known_ids`` (the report's retrieved ids) resolves attached citations as there.
 """
 
 from __future__ import annotations
 
 import random
-import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
-#: a bracketed id as the demos write citations (``[json.dumps]``)
-CITE_RE = re.compile(r"\[([^\]\s]+)\]")
-_DROP_RE = re.compile(r"\s*\[[^\]\s]+\]")
+from score_lightning.rewards.citations import citation_spans, cited_ids
+
 #: the suffixes an invented id gets (``json.dumps`` -> ``json.helper``)
 INVENTED_SUFFIXES = ("helper", "fast_path", "legacy", "internal")
 
 
-def bracketed_ids(text: str) -> list[str]:
-    """The distinct bracketed ids of ``text`` in order (the demos' reading; the reward's is
-    :func:`score_lightning.rewards.citations.cited_ids`)."""
-    return list(dict.fromkeys(CITE_RE.findall(text)))
+def bracketed_ids(text: str, known_ids: Collection[str] | None = None) -> list[str]:
+    """The distinct cited ids of ``text`` in order, as the reward reads them."""
+    return list(cited_ids(text, known_ids))
 
 
-def drop_citations(text: str) -> str:
-    """``text`` with every bracketed citation (and the space before it) removed."""
-    return _DROP_RE.sub("", text).replace("According to ,", "According to the docs,")
+def drop_citations(text: str, known_ids: Collection[str] | None = None) -> str:
+    """``text`` with every citation (and the space before it) removed; other brackets (``argv[1]``) stay."""
+    pieces, last = [], 0
+    for start, end, _ in citation_spans(text, known_ids):
+        pieces.append(text[last:start].rstrip())
+        last = end
+    pieces.append(text[last:])
+    return "".join(pieces).replace("According to ,", "According to the docs,")
 
 
-def replace_citation(text: str, old: str, new: str) -> str:
-    """Every citation of ``old`` cited as ``new`` instead."""
-    return text.replace(f"[{old}]", f"[{new}]")
+def replace_citation(text: str, old: str, new: str, known_ids: Collection[str] | None = None) -> str:
+    """Every citation of ``old`` cited as ``new`` instead (``x[old]`` as code stays)."""
+    pieces, last = [], 0
+    for start, end, doc_id in citation_spans(text, known_ids):
+        if doc_id == old:
+            pieces.append(f"{text[last:start]}[{new}]")
+            last = end
+    pieces.append(text[last:])
+    return "".join(pieces)
 
 
 def invented_id(cited: str, rng: random.Random) -> str:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from score_lightning import protocol as P
+from score_lightning.rewards.citations import citation_spans
 from score_lightning.rollout.engine import Generation, SamplingParams
 from score_lightning.rollout.script_request import ScriptRequest, report_body  # noqa: F401  (re-exported)
 from score_lightning.rollout.scripted_roles import WORKFLOW_ROLES
@@ -215,7 +216,7 @@ class ProtocolResponder:
         dims = _RUBRIC_LINE_RE.findall(req.prompt.split("Rubric:", 1)[-1].split("Process rules", 1)[0])
         reports = []
         for rid, text in _REPORT_RE.findall(req.prompt.split("Process rules", 1)[-1]):  # K reports, or one (pointwise)
-            cites = len(re.findall(r"\[[^\]\s]+\]", _RETRIEVED_LINE_RE.sub("", text)))
+            cites = len(citation_spans(_RETRIEVED_LINE_RE.sub("", text)))
             value = min(10, 2 + 3 * cites + len(text) // 120)
             scores = "".join(f'<score dim="{d}" value="{value}" reason="cites {cites}"/>' for d in dims)
             reports.append(f'<report id="{rid}">{P.VERIFICATION_OPEN}checked {cites} citations{P.VERIFICATION_CLOSE}'

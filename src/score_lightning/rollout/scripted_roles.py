@@ -19,12 +19,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from score_lightning.rewards.citations import citation_spans, cited_ids
 from score_lightning.roles import mams_prompts as M
 from score_lightning.roles.step_judge import STEP_EVAL_CLOSE, STEP_EVAL_OPEN, STEP_RUBRIC_CLOSE, STEP_RUBRIC_OPEN
 from score_lightning.rollout.script_request import ScriptRequest, report_body
 
 _WORD_RE = re.compile(r"[A-Za-z_.]+")
-_ID_RE = re.compile(r"\[([^\]\s]+)\]")
+#: ``[id] `` heading a passage of an observation (what a search returned, not a citation)
+_OBS_ID_RE = re.compile(r"(?:^|<observation>)\[([^\]\s]+)\] ", re.MULTILINE)
 _LINE_ID_RE = re.compile(r"(?:^|\n)\[([^\]\s]+)\] ")
 
 
@@ -42,7 +44,7 @@ def mams_search(req: ScriptRequest) -> str:
 def mams_state(req: ScriptRequest) -> str:
     memory = M.prompt_section(req.prompt, "Memory")
     chunk = req.prompt.split("Results (chunk", 1)[-1]
-    ids = [i for i in _LINE_ID_RE.findall(chunk) if f"[{i}]" not in memory]
+    ids = [i for i in _LINE_ID_RE.findall(chunk) if i not in cited_ids(memory)]
     if ids:
         memory = f"{memory} {_words(req.query)} is documented in [{ids[0]}].".strip()
     memory = memory or "Nothing relevant yet."
@@ -50,7 +52,7 @@ def mams_state(req: ScriptRequest) -> str:
 
 
 def mams_report(req: ScriptRequest) -> str:
-    ids = _ID_RE.findall(M.prompt_section(req.prompt, "Memory"))
+    ids = cited_ids(M.prompt_section(req.prompt, "Memory"))
     return f"{M.REPORT_OPEN}{report_body(_words(req.query), ids[0] if ids else None, req.index % 3)}{M.REPORT_CLOSE}"
 
 
@@ -67,7 +69,7 @@ def step_judgement(req: ScriptRequest) -> str:
 def rubric_research(req: ScriptRequest) -> str:
     if req.turn == 0:
         return f"<search>{_words(req.query)}</search>"
-    ids = _ID_RE.findall(req.context[len(req.prompt):])  # what its own searches returned
+    ids = _OBS_ID_RE.findall(req.context[len(req.prompt):])  # what its own searches returned
     cite = f" [{ids[0]}]" if ids else ""
     return (f"<findings>{_words(req.query)} is documented{cite}; a report needs an example and a conclusion; "
             "a common mistake is an uncited claim.</findings>")
@@ -88,7 +90,7 @@ def rubricem_solver(req: ScriptRequest) -> str:
     if req.turn == 0:
         return (f'<plan><rubric_items><item weight="0.6">Explains {words} with a cited document</item>'
                 f'<item weight="0.4">Ends with a conclusion</item></rubric_items></plan><search>{words}</search>')
-    ids = _ID_RE.findall(req.context[len(req.prompt):])
+    ids = _OBS_ID_RE.findall(req.context[len(req.prompt):])
     review = f"<review>found [{ids[0]}] for the first item</review>" if ids and req.index % 3 != 2 else \
         "<review>nothing checked</review>"
     return f"{review}<answer>{report_body(words, ids[0] if ids else None, req.index % 3)}</answer>"
@@ -99,9 +101,9 @@ def stage_judgement(req: ScriptRequest) -> str:
     answer = req.prompt.split("[Answer]", 1)[-1]
     review = req.prompt.split("[Review]", 1)[-1].split("[Answer]", 1)[0]
     plan = req.prompt.split("[Plan]", 1)[-1].split("[Research", 1)[0]
-    cited = len(_ID_RE.findall(answer))
+    cited = len(citation_spans(answer))
     return (f'<stage_scores plan="{7 if "<item" in plan else 2}" '
-            f'research="{6 if "(no search)" not in req.prompt else 1}" review="{8 if _ID_RE.search(review) else 3}" '
+            f'research="{6 if "(no search)" not in req.prompt else 1}" review="{8 if cited_ids(review) else 3}" '
             f'answer="{min(10, 3 + 3 * cited)}"/>')
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 import re
 
+from score_lightning.rewards.citations import citation_spans
 from score_lightning.roles import mams_prompts as M
 from score_lightning.roles.answer import parse_answer
 from score_lightning.roles.prompts import format_rubric
@@ -33,15 +34,19 @@ from score_lightning.sft.rubric_demos import random_rubric, random_state
 from score_lightning.sft.solver_demos import Evidence, build_answer, solver_plan
 from score_lightning.sft.text import first_sentence
 
-_FACT_SPLIT_RE = re.compile(r"\s*\[([^\]\s]+)\]\.\s*")
 _LINE_RE = re.compile(r"(?:^|\n)\[([^\]\s]+)\] ([^\n]*)")
 _MAX_FACTS = 3
 
 
 def memory_facts(memory: str) -> list[Evidence]:
-    """The ``sentence [doc_id].`` facts of a memory, in order."""
-    parts = _FACT_SPLIT_RE.split(memory)  # [sentence, id, sentence, id, ..., tail]
-    return [Evidence(d, t.strip() + ".") for t, d in zip(parts[0::2], parts[1::2]) if t.strip()]
+    """The ``sentence [doc_id].`` facts of a memory, in order (a fact ends at a citation followed by a full stop)."""
+    facts, last = [], 0
+    for start, end, doc_id in citation_spans(memory):
+        if memory.startswith(".", end):
+            if memory[last:start].strip():
+                facts.append(Evidence(doc_id, memory[last:start].strip() + "."))
+            last = end + 1
+    return facts
 
 
 class MamsDemoScript:
