@@ -16,6 +16,7 @@ import pytest
 from helpers import FAST, ROOT, compose, read_scalars
 from score_lightning.evaluation.pair_build import Pair, Side
 from score_lightning.evaluation.pair_set import write_pair_set
+from score_lightning.rollout.engine import SamplingParams
 
 DIMS = ("factual_support", "evidence_coverage", "citation_grounding")
 RUBRIC = "<think>pick</think><dimensions>" + "".join(
@@ -125,3 +126,41 @@ def test_bench_evaluator_builds_training_pair_sets_from_training_queries_only():
     assert bench_evaluator._queries(cfg, 8, "train") == train[:8]
     args = bench_evaluator._args(["--split", "train", "--seed", "2"])
     assert args.split == "train" and json.dumps(args.split) == '"train"'
+
+
+def test_the_probe_leaves_the_engines_stored_kv_caches_as_they_were(tmp_path, tiny_ckpt, corpus_file):
+    """A real run on the HF engine: the probe's rubric and scoring prompts are stored while it runs, and gone after
+    it, so the next step's prefill can only reuse what the run itself stored (the entries from before, kept)."""
+    import lightning as L
+
+    from score_lightning.data.queries import load_queries
+    from score_lightning.launch.training import run
+    from score_lightning.rollout.hf_engine import HFEngine
+
+    query = load_queries(None, split="train")[0]
+    _pair_set(tmp_path / "pairs.jsonl", query.id, query.prompt)
+    cfg = compose(FAST + [f"paths.output_dir={tmp_path / 'run'}", "trainer.max_steps=1", "harness.every_n_steps=10",
+                          "verifier.enabled=false", "evaluator.scoring=pointwise",
+                          f"callbacks.evaluator_pairs.pair_set={tmp_path / 'pairs.jsonl'}",
+                          "callbacks.evaluator_pairs.every_n_steps=1000"])
+    seen = {}
+
+    class Stores(L.Callback):
+        def on_train_batch_end(self, trainer, module, *args):
+            probe = next(c for c in trainer.callbacks if type(c).__name__ == "EvaluatorPairs")
+            engine = module.evaluator_engine
+            assert isinstance(engine, HFEngine)
+            ids = module.tokenizer("the json module reads and writes data files", add_special_tokens=False)["input_ids"]
+            engine.generate([ids], SamplingParams(4, 0.0))  # the run's own entry, stored before the probe
+            store = engine.prefix_store
+            before = (list(store.entries), store._weights)
+            added, add = [], store.add
+            store.add = lambda *a: added.append(1) or add(*a)  # noqa: E731 - count what the probe stores
+            probe.measure(module)
+            store.add = add
+            seen.update(before=before, after=(list(store.entries), store._weights), added=len(added))
+
+    run(cfg, extra_callbacks=[Stores()])
+    (entries, weights), (after, after_weights) = seen["before"], seen["after"]
+    assert seen["added"] > 0 and len(entries) >= 1  # the probe generated and stored its calls while it ran
+    assert len(after) == len(entries) and all(a is b for a, b in zip(after, entries)) and after_weights == weights

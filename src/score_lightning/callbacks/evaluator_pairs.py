@@ -14,8 +14,9 @@ the first update):
   sides a complete evaluation reached (the others are left out, never scored 0);
 * ``time/evaluator_pairs_s``: what the probe cost.
 
-Nothing it does moves the run: the rubric source and the dimension scheduler are copies, and the torch, numpy and
-Python random streams are restored afterwards, so a run with the probe samples exactly what it samples without.
+Nothing it does moves the run: the rubric source and the dimension scheduler are copies, the torch, numpy and
+Python random streams are restored afterwards, and so are the HF engines' stored KV caches (the next step's prefill
+never reuses the probe's prompts), so a run with the probe samples exactly what it samples without.
 Off by default (``every_n_steps: 0``): on CPU the SmolLM2 probe of a few dozen pairs costs minutes, more than a
 tenth of a step. One process only, where the trainer holds its engine (``rollout.mode=sync``).
 """
@@ -88,6 +89,7 @@ class EvaluatorPairs(L.Callback):
         from score_lightning.evaluation.pair_build import EDIT_KINDS
         from score_lightning.evaluation.pair_metrics import summarise_kinds
         from score_lightning.rng import preserved_rng
+        from score_lightning.rollout.kv_cache import stores_kept
 
         t0 = time.perf_counter()
         qids = sorted({(p.query_id, p.query) for p in self.pairs})
@@ -95,7 +97,7 @@ class EvaluatorPairs(L.Callback):
         ctx.scheduler = copy.deepcopy(ctx.scheduler)
         cfg = module.cfg
         was_training = [m.training for m in (module.policy, module.eval_model)]
-        with preserved_rng(), torch.no_grad():
+        with preserved_rng(), stores_kept(module.engine, module.evaluator_engine), torch.no_grad():
             source = copy.deepcopy(module.rubric_source)
             rubrics, _ = S.query_rubrics(source, ctx, qids, int(cfg.data.batch_size), int(cfg.solver.topk))
             outcome = S.evaluator_scores(module.evaluator_engine, module.tokenizer, module.retriever, self.pairs,

@@ -19,6 +19,9 @@ Why, at a real vocabulary and depth (SmolLM2: 30 layers; Qwen2.5: 24-28):
   values for the common prefix, and only the new tokens (the observation) run. The store is
   dropped as soon as the weights change (an optimiser step bumps the parameters' version counters),
   and by the step at each stage boundary (``step/generation.py``: no stage's rows extend another's).
+  Calls made beside the run (the in-run evaluator probe, ``callbacks/evaluator_pairs.py``) run under
+  :func:`stores_kept`, which puts the store back as it was: their rubric prompts are the next step's, and a
+  prefill that reused them would sum in another order than the run without the probe.
 
 Numerics: cached keys and values are the same tensors a plain ``generate`` computes for each row
 (a row's KV depends only on its own tokens and positions), up to the summation order of a batch of
@@ -26,6 +29,9 @@ different size.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -98,6 +104,20 @@ class GrowingCache(DynamicCache):
     def select_rows(self, index: torch.Tensor) -> None:
         for layer in self.layers:
             layer.select_rows(index)
+
+
+@contextmanager
+def stores_kept(*engines) -> Iterator[None]:
+    """Run a block whose ``generate`` calls leave each engine's :class:`PrefixStore` (its entries and the weights
+    they were stored for) as it was before; engines without one (scripted, vLLM) are left alone."""
+    stores = {id(s): s for s in (getattr(e, "prefix_store", None) for e in engines) if isinstance(s, PrefixStore)}
+    saved = [(s, list(s.entries), s._weights) for s in stores.values()]
+    try:
+        yield
+    finally:
+        for store, entries, weights in saved:
+            store.entries[:] = entries
+            store._weights = weights
 
 
 def position_ids(attention: torch.Tensor) -> torch.Tensor:
