@@ -206,7 +206,7 @@ def _update(loss_type: str, trajs, rewards, k: int = 4, **extra):
 
     lm = _LM()
     settings = GRPOSettings(k, 1.0, 1, 2, 1, 0.2, 0.2, 0.0, 10.0, 0.0, True, 1e-6, loss_type=loss_type,
-                            max_response_tokens=8, **extra)
+                            **{"max_response_tokens": 8, **extra})
     grads, steps = [], []
 
     def backward(loss):
@@ -299,6 +299,59 @@ def test_the_overlong_penalty_reaches_the_advantages():
     shaped = torch.tensor([1.0, 0.0, 1.0, 0.5])
     assert close(res.advantages, scaled_advantages(shaped, 4, "group"))
     assert res.advantages[1] < 0 < res.advantages[0]
+
+
+def _mams_trajs():
+    """Four MaMs-shaped trajectories of 1, 3, 2 and 1 role calls (one training row each), 1 to 3 tokens a call."""
+    from score_lightning.rollout.trajectory import Segment, Trajectory
+
+    calls = [[2], [1, 3, 2], [2, 1], [3]]
+    out = []
+    for k, lengths in enumerate(calls):
+        t = Trajectory(prompt_ids=[])
+        for j, n in enumerate(lengths):
+            t.add_segment(Segment("state", 0, [1, 2 + j], [3 + (k + j + i) % 12 for i in range(n)], [1] * n, [0.0] * n))
+        out.append(t)
+    return out
+
+
+def test_dr_grpo_under_mams_divides_by_trajectories_times_the_whole_trajectorys_budget():
+    """Dr. GRPO's sequence under MaMs is the trajectory: its constant is (trajectories) x (the most tokens its role
+    calls can generate), not solver.max_response_tokens (which no MaMs trajectory obeys) and not per role call."""
+    from score_lightning.step.batching import build_token_batch, policy_logprobs
+    from score_lightning.step.solver_update import GRPOSettings
+
+    cfg = compose(["experiment=mams_tiny", "optim.loss_type=dr_grpo", "solver.max_tool_calls=2",
+                   "solver.max_response_tokens=256", "solver.mams.search_tokens=40", "solver.mams.state_tokens=100",
+                   "solver.mams.report_tokens=150", "solver.mams.chunk_tokens=64",
+                   "solver.mams.max_observation_tokens=130"])
+    # a turn: 40 search + ceil(130 / 64) = 3 state calls x 100 + 150 report = 490 tokens; 2 turns = 980
+    assert GRPOSettings.from_cfg(cfg).max_response_tokens == 980
+    react = compose(["experiment=tiny_score", "optim.loss_type=dr_grpo", "solver.max_response_tokens=256"])
+    assert GRPOSettings.from_cfg(react).max_response_tokens == 256
+    trajs = _mams_trajs()
+    lm, res, steps = _update("dr_grpo", trajs, torch.tensor([1.0, 0.0, 2.0, 0.5]), max_response_tokens=980)
+    rows = [r for t in trajs for r in t.rows()]
+    batch = build_token_batch([r.prompt_ids for r in rows], [r.response_ids for r in rows],
+                              [r.response_mask for r in rows], 0)
+    logp, _ = policy_logprobs(lm, batch)
+    adv = res.advantages[torch.tensor([i for i, t in enumerate(trajs) for _ in t.rows()])]
+    # every token of every row weighs 1 / (4 trajectories x 980), however many rows its trajectory has
+    want = torch.autograd.grad((-adv[:, None] * logp * batch.loss_mask).sum() / (4 * 980), list(lm.parameters()))
+    assert len(steps) == 1 and res.sums["tokens"] == 14  # 2 + (1 + 3 + 2) + (2 + 1) + 3
+    for got, exp in zip(steps[0], want):
+        assert torch.allclose(got, exp, atol=1e-8)
+
+
+def test_gspo_under_mams_is_refused_by_name():
+    from score_lightning.launch.config_validation import ConfigError, validate_config
+
+    with pytest.raises(ConfigError) as err:
+        validate_config(compose(["experiment=mams_tiny", "optim.loss_type=gspo"]))
+    assert "optim.loss_type=gspo with solver.agent=mams" in str(err.value)
+    assert "solver.agent=react" in str(err.value)
+    for ok in (["experiment=mams_tiny", "optim.loss_type=dr_grpo"], ["experiment=tiny_score", "optim.loss_type=gspo"]):
+        validate_config(compose(ok))
 
 
 # --------------------------------------------------------------------------- config and the CLI

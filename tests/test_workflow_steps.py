@@ -79,7 +79,7 @@ def script(req: ScriptRequest) -> str:
     return WORKFLOW_ROLES[req.role](req)  # MaMs roles: the library script (report quality by k)
 
 
-def _one_step(tmp_path, extra: list[str]) -> dict:
+def _one_step(tmp_path, extra: list[str], script_fn=None) -> dict:
     from score_lightning import module as module_py
     from score_lightning.step import solver_update as solver_py
     from score_lightning.launch.training import run
@@ -92,7 +92,7 @@ def _one_step(tmp_path, extra: list[str]) -> dict:
         "optim.warmup_steps=0", "evaluator.scoring=joint", *extra])  # the hand numbers score all K jointly
 
     def install(module):
-        module.engine = module.evaluator_engine = ScriptedEngine(module.tokenizer, script)
+        module.engine = module.evaluator_engine = ScriptedEngine(module.tokenizer, script_fn or script)
         module.retriever = Docs()
         judge = module.step_stage.judge
         module.step_stage.judge = lambda *a: seen.setdefault("judgement", judge(*a))
@@ -186,6 +186,35 @@ def test_step_rewards_by_hand(tmp_path, tiny_ckpt):
     assert m["solver/step_adv_abs_mean"] == pytest.approx(sum(0.5 * abs(x) for x in hand) / 4, abs=1e-5)
     assert m["evaluator/step_rubric_valid_rate"] == 1.0
     assert m["evaluator/step_baseline"] == pytest.approx(0.3 * corr, abs=1e-6)
+
+
+def _unfinished_evaluation(req: ScriptRequest) -> str:
+    """The joint evaluation stops after report 2: the group's evaluation is incomplete (report 3 never scored)."""
+    if req.role != "scoring" or req.turn == 0:
+        return script(req)
+    full = _evaluation(req)
+    return full[:full.index('<report id="3">')] + "</report_evaluations>"
+
+
+@pytest.mark.parametrize("workflow", [
+    ["reward.step=rubric", "solver.max_tool_calls=2"],  # ARCO's step credit
+    ["solver.agent=rubricem", "reward.step=stage", "solver.max_response_tokens=300"],  # RubricEM's stage credit
+], ids=["arco", "rubricem"])
+def test_a_neutral_group_gets_no_step_or_stage_credit(workflow, tmp_path, tiny_ckpt):
+    """evaluator.on_incomplete=neutral sets the group's advantage to 0; the step (or stage) judgements still rank
+    its trajectories, but none of that credit may reach its tokens: every trained token's advantage is 0."""
+    step = _one_step(tmp_path, [*workflow, "reward.step_lambda=0.5", "evaluator.on_incomplete=neutral"],
+                     _unfinished_evaluation)
+    rw, st = step["rewards"], step["judgement"]
+    assert rw.complete == [False] and rw.neutral.tolist() == [True] * 3
+    assert any(b.value != 0.0 for row in st.bonus for b in row)  # the judge did find something to credit
+    assert step["solver"].advantages.tolist() == [0.0] * 3
+    dense = step["dense"][-1]
+    for i, t in enumerate(step["rollouts"].solver):
+        base = len(t.prompt_ids) - 1
+        got = dense[i, base:base + len(t.response_ids)].tolist()
+        assert [g for g, m in zip(got, t.response_mask) if m] == [0.0] * sum(t.response_mask)
+    assert step["solver"].sums["pg"] == 0.0  # so the policy term is exactly 0; only the KL trains these rows
 
 
 @pytest.mark.parametrize("experiment, tags", [

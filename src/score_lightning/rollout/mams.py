@@ -64,6 +64,14 @@ class MamsConfig:
         return cls(int(s.max_tool_calls), int(s.topk), **{k: int(m[k]) for k in keys}, temperature=float(s.temperature),
                    top_p=float(s.top_p), conclusion_line=bool(s.get("conclusion_line", True)))
 
+    @property
+    def max_response_tokens(self) -> int:
+        """The most tokens one trajectory's role calls can generate, which no single cap bounds: every turn at full
+        length (its search call, a state call per chunk of a full observation, its report call). Dr. GRPO's
+        constant under MaMs (``optim.loss_type=dr_grpo``); a turn that finishes is shorter."""
+        chunks = -(-max(1, self.max_observation_tokens) // max(1, self.chunk_tokens))
+        return self.max_searches * (self.search_tokens + chunks * self.state_tokens + self.report_tokens)
+
 
 @dataclass
 class _Run:

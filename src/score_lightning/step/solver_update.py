@@ -37,6 +37,7 @@ from score_lightning.step.batching import TokenBatch, build_token_batch, policy_
 from score_lightning.step.loss_variants import (default_buffer_len, loss_scale, overlong_penalty, policy_loss,
                                                 resolve_scale_rewards, scaled_advantages)
 from score_lightning.step.rollout_correction import RolloutCorrection, batch_correction
+from score_lightning.rollout.mams import MamsConfig
 from score_lightning.rollout.trajectory import Trajectory
 from score_lightning.step.solver_rows import TokenBonus, token_advantages, training_rows
 
@@ -59,7 +60,7 @@ class GRPOSettings:
     correction: RolloutCorrection = RolloutCorrection()  # optim.rollout_correction (engine-trainer IS weights)
     loss_type: str = "grpo"  # optim.loss_type (step/loss_variants.py)
     scale_rewards: str = "group"  # optim.scale_rewards when norm_adv_by_std (false: none)
-    max_response_tokens: int = 0  # solver.max_response_tokens: dr_grpo's constant, reward.overlong's cap
+    max_response_tokens: int = 0  # a trajectory's most response tokens: dr_grpo's constant, reward.overlong's cap
     mask_truncated: bool = False  # solver.mask_truncated
     overlong: "OverlongShaping | None" = None  # reward.overlong (None: off)
 
@@ -73,7 +74,7 @@ class GRPOSettings:
                    float(loss.entropy_coef), scale != "none", float(loss.adv_eps),
                    bool(o.get("share_prompt_forward", False)), correction=RolloutCorrection.from_cfg(cfg),
                    loss_type=str(o.get("loss_type", "grpo")), scale_rewards=scale,
-                   max_response_tokens=int(cfg.solver.max_response_tokens),
+                   max_response_tokens=trajectory_cap(cfg),
                    mask_truncated=bool(cfg.solver.get("mask_truncated", False)), overlong=OverlongShaping.from_cfg(cfg))
 
     def mini_batches(self, num_queries: int, world: int) -> list[list[int]]:
@@ -91,6 +92,15 @@ class GRPOSettings:
         n = max(1, -(-num_queries // per_rank))
         k = self.num_rollouts
         return [[q * k + j for q in range(num_queries) if q % n == m for j in range(k)] for m in range(n)]
+
+
+def trajectory_cap(cfg) -> int:
+    """The most response tokens one trajectory holds: ``solver.max_response_tokens``, or under ``solver.agent=mams``
+    (one trajectory, many role calls, each with its own budget) the sum of its role calls' budgets, so that dr_grpo's
+    sequence is the whole trajectory, not one role call."""
+    if str(cfg.solver.agent) == "mams":
+        return MamsConfig.from_cfg(cfg).max_response_tokens
+    return int(cfg.solver.max_response_tokens)
 
 
 @dataclass(frozen=True)
@@ -162,9 +172,10 @@ def solver_update(policy: nn.Module, ref: nn.Module | None, trajs: Sequence[Traj
 
     ``step_bonus`` (one list per trajectory): per-token additions to the trajectory advantage.
     Incomplete evaluations (``evaluator.on_incomplete``, see ``step/reward_assembly.py``):
-    ``neutral`` ([N] bool) trajectories get advantage 0 but stay in the loss (their tokens count in the
-    token-mean denominator and feel the KL); ``exclude`` ([N] bool) trajectories leave the update: their
-    group's advantages are normalised over the rest, and their tokens count nowhere.
+    ``neutral`` ([N] bool) trajectories get advantage 0, step and stage credit included, but stay in the
+    loss (their tokens count in the token-mean denominator and feel the KL); ``exclude`` ([N] bool)
+    trajectories leave the update: their group's advantages are normalised over the rest, and their tokens
+    count nowhere.
     """
     s = settings
     include = None if exclude is None else ~exclude.to(torch.bool)
@@ -175,6 +186,8 @@ def solver_update(policy: nn.Module, ref: nn.Module | None, trajs: Sequence[Traj
     adv = scaled_advantages(shaped, s.num_rollouts, scale, eps=s.adv_eps, include=include, batch_std=batch_std)
     if neutral is not None:
         adv = adv.masked_fill(neutral.to(adv.device), 0.0)
+        if step_bonus is not None:  # a neutral group says nothing: no step or stage credit on top of its 0 either
+            step_bonus = [[] if n else list(b) for b, n in zip(step_bonus, neutral.tolist())]
     tr = training_rows(trajs)
     batch = build_token_batch([t.prompt_ids for t in tr.rows], [t.response_ids for t in tr.rows],
                               [t.response_mask for t in tr.rows], pad_id)

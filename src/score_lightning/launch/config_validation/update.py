@@ -51,6 +51,11 @@ def check_loss_variants(c: Checks) -> None:
     norm = c.get("loss.norm_adv_by_std")
     if norm is not None:
         c("loss.norm_adv_by_std", *BOOL)
+    if c.get("optim.loss_type") == "gspo" and c.get("solver.agent") == "mams":
+        c.add("optim.loss_type=gspo with solver.agent=mams: GSPO's ratio and clip are per sequence, and a MaMs "
+              "trajectory is trained as one row per role call, so its sequence would be one role call; set "
+              "optim.loss_type to grpo, bnpo, dapo or cispo (token-level) or dr_grpo (its constant is the whole "
+              "trajectory's budget), or solver.agent=react")
     scale = c.get("optim.scale_rewards")
     if isinstance(norm, bool) and scale in SCALE_REWARDS:
         try:
