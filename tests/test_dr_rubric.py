@@ -14,12 +14,14 @@ import pytest
 from helpers import FAST, ROOT, compose, read_scalars
 from score_lightning.harness.scheduler import DimensionScheduler
 from score_lightning.harness.state import HarnessState
-from score_lightning.retrieval.base import SearchHit
+from score_lightning import protocol as P
+from score_lightning.clients.limiter import Limiter
+from score_lightning.retrieval.base import RetrievalError, SearchHit
 from score_lightning.rollout.scripted import ProtocolResponder, ScriptedEngine
 from score_lightning.rubrics.base import RubricContext
 from score_lightning.rubrics.dr_rubric import DeepResearchRubrics, bootstrap_iteration
 from score_lightning.rubrics.items import Item
-from score_lightning.rubrics.research_prompts import atomic_items, findings_text, observed_passages
+from score_lightning.rubrics.research_prompts import DISTIL_SYSTEM, atomic_items, findings_text, observed_passages
 
 
 class Corpus:
@@ -32,10 +34,21 @@ class Corpus:
                  SearchHit("doc.b", "indent pretty-prints nested objects", 0.5)][:topk] for _ in queries]
 
 
-def _ctx(tokenizer, step=0, engine=None) -> RubricContext:
+class Down:
+    """A retriever whose backend is down: every search raises, as a remote one does after its retries."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def search(self, queries, topk):
+        self.calls += 1
+        raise RetrievalError("search backend unavailable")
+
+
+def _ctx(tokenizer, step=0, engine=None, retriever=None) -> RubricContext:
     state = HarnessState()
-    return RubricContext(engine or ScriptedEngine(tokenizer, ProtocolResponder()), tokenizer, Corpus(), state,
-                         DimensionScheduler(list(state.dimension_pool)), 1024, 0.8, step)
+    return RubricContext(engine or ScriptedEngine(tokenizer, ProtocolResponder()), tokenizer, retriever or Corpus(),
+                         state, DimensionScheduler(list(state.dimension_pool)), 1024, 0.8, step)
 
 
 def test_atomic_items_split_merge_and_keep_the_heaviest_by_hand():
@@ -151,6 +164,67 @@ def test_external_writer_failure_is_counted_not_scored(tokenizer):
         out = src.step_rubrics(_ctx(tokenizer), ["q?"], ["q1"], [[]])
     assert out.stats["rubric/research_fail_rate"] == 1.0 and out.stats["rubric/write_fail_rate"] == 1.0
     assert out.fallback == [True] and "q1" not in src.buffer
+
+
+def _external(stub, **extra) -> DeepResearchRubrics:
+    return DeepResearchRubrics(writer="external", external={"base_url": stub.base_url, "model": "m", "max_retries": 0},
+                               **extra)
+
+
+ITEMS = '<rubric_items><item weight="1">Mentions indent</item></rubric_items>'
+
+
+def test_external_writer_counts_a_failed_search_and_the_step_goes_on(tokenizer):
+    """A RetrievalError in the external writer's research is a "retrieval failed" observation, counted; the notes
+    and the items are still written (as the policy writer's agent loop degrades)."""
+    from openai_stub import OpenAIStub, Reply
+
+    with OpenAIStub(content="unused") as stub:
+        stub.script(*(Reply(content=r) for r in ("<search>json dumps indent</search>",
+                                                 "<findings>indent pretty-prints</findings>", ITEMS)))
+        out = (src := _external(stub)).step_rubrics(_ctx(tokenizer, retriever=(down := Down())), ["q?"], ["q1"], [[]])
+        second = stub.requests[1].json["messages"]
+    assert down.calls == 1 and P.RETRIEVAL_FAILED_OBSERVATION in second[-1]["content"]
+    assert out.stats["rubric/research_retrieval_errors"] == 1.0 and out.stats["rubric/research_fail_rate"] == 0.0
+    assert [i.text for i in src.buffer["q1"].items] == ["Mentions indent"] and out.fallback == [False]
+
+
+def test_policy_writer_counts_its_failed_searches_too(tokenizer):
+    out = DeepResearchRubrics().step_rubrics(_ctx(tokenizer, retriever=Down()), ["how does json.dumps work?"], ["q1"],
+                                             [[]])
+    assert out.stats["rubric/research_retrieval_errors"] == 1.0 and out.stats["rubric/research_searches"] == 1.0
+
+
+def test_external_writer_shows_stage_two_at_most_max_passages(tokenizer):
+    from openai_stub import OpenAIStub, Reply
+
+    with OpenAIStub(content="unused") as stub:
+        stub.script(*(Reply(content=r) for r in ("<search>json dumps</search>", "<findings>notes</findings>", ITEMS)))
+        _external(stub, max_passages=1).step_rubrics(_ctx(tokenizer), ["q?"], ["q1"], [[]])
+        distil = stub.requests[2].json["messages"][-1]["content"]
+    # the search returned doc.a and doc.b; Stage II sees the first one only, as from the policy writer
+    assert "[doc.a] json.dumps turns objects into JSON text" in distil and "[doc.b]" not in distil
+
+
+def test_external_writer_calls_run_concurrently_under_the_limiter(tokenizer):
+    """Four queries, three calls each (search, notes, items), 0.3 s a reply: the loopback server sees several calls
+    in flight at once, never more than the limiter's three."""
+    from openai_stub import OpenAIStub
+
+    def reply(body) -> str:
+        messages = body["messages"]
+        if messages[0]["content"] == DISTIL_SYSTEM:
+            return ITEMS
+        return "<search>json dumps</search>" if len(messages) == 2 else "<findings>notes [doc.a]</findings>"
+
+    with OpenAIStub(content=reply, delay_s=0.3) as stub:
+        src = DeepResearchRubrics(writer="external", external={"base_url": stub.base_url, "model": "m",
+                                                               "max_retries": 0, "limiter": Limiter(3)})
+        ids = [f"q{i}" for i in range(4)]
+        out = src.step_rubrics(_ctx(tokenizer), [f"question {i}?" for i in range(4)], ids, [[]] * 4)
+    assert 1 < stub.in_flight_max <= 3 and len(stub.requests) == 12
+    assert sorted(src.buffer) == ids and out.stats["rubric/write_fail_rate"] == 0.0
+    assert out.stats["rubric/research_searches"] == 1.0 and out.fallback == [False] * 4
 
 
 def test_bad_settings_are_refused_by_name():

@@ -13,17 +13,27 @@ Rubric construction is treated as a research task of its own:
 The items are scored like RLER's (by the evaluator role or the judge) and give the solver its reward. The writer is not
 trained on a rubric reward, as in the paper (``train_writer=true`` adds Stage II's tokens to the evaluator's REINFORCE).
 ``writer=external`` runs both stages on an OpenAI-compatible model (the paper's frontier-written rubrics), its search
-calls answered by the run's retriever. A write that fails keeps the query's previous items (the harness rubric, counted,
-when it has none) and is retried on the next visit.
+calls answered by the run's retriever. Its queries run concurrently (a thread each, at most the process limiter's
+``max_concurrency``, its share of ``judge.max_concurrency``), their searches one at a time (not every retriever is
+thread-safe). A write that fails keeps the query's previous items (the harness rubric, counted, when it has none) and
+is retried on the next visit; a search that fails is a "retrieval failed" observation, counted
+(``rubric/research_retrieval_errors``), as in the policy's agent loop.
+
+Each data-parallel rank writes its own queries' rubrics, so the ``rubric/*`` scalars are pooled over ranks (sums and
+counts summed, then divided) before they are logged as the step's: every rank calls :meth:`step_rubrics` in lockstep.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from score_lightning import distributed as D
 from score_lightning import protocol as P
+from score_lightning.retrieval.base import RetrievalError
 from score_lightning.roles.evidence import EvidenceDoc
 from score_lightning.roles.rubric import fallback_rubric
 from score_lightning.rollout.agent import AgentConfig, parse_search_action, run_agent
@@ -35,6 +45,9 @@ from score_lightning.rubrics.research_prompts import (
     FINDINGS_CLOSE, atomic_items, distil_messages, findings_text, observed_passages, research_messages,
 )
 from score_lightning.step.types import RubricSample, StepRubric
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass
@@ -50,6 +63,7 @@ class _Research:
     passages: str
     searches: int
     failed: bool = False  # the external writer's Stage I call failed (counted; Stage II still runs on the passages)
+    retrieval_errors: int = 0  # searches whose retrieval failed (a "retrieval failed" observation, counted)
 
 
 def bootstrap_iteration(step: int, iterations: int, iteration_steps: int) -> int:
@@ -119,11 +133,14 @@ class DeepResearchRubrics:
             per_query.append(items_rubric(entry.items) if entry else fallback_rubric(ctx.state))
             fallback.append(entry is None)
         sizes = [len(self.buffer[str(q)].items) for q in query_ids if str(q) in self.buffer]
-        stats = {"rubric/iteration": float(iteration), "rubric/rewritten": float(len(due) - failed),
-                 "rubric/items_added": float(written), "rubric/write_fail_rate": failed / max(len(due), 1),
-                 "rubric/research_searches": (sum(r.searches for r in research) / len(research)) if research else 0.0,
-                 "rubric/research_fail_rate": sum(r.failed for r in research) / max(len(research), 1),
-                 "rubric/buffer_size": sum(sizes) / max(len(sizes), 1)}
+        n = len(research)  # pooled over ranks (collective, in this order on every rank); the iteration is global
+        stats = {"rubric/iteration": float(iteration), "rubric/rewritten": D.global_sum(len(due) - failed),
+                 "rubric/items_added": D.global_sum(written),
+                 "rubric/write_fail_rate": _pooled(failed, len(due)),
+                 "rubric/research_searches": _pooled(sum(r.searches for r in research), n),
+                 "rubric/research_fail_rate": _pooled(sum(r.failed for r in research), n),
+                 "rubric/research_retrieval_errors": D.global_sum(sum(r.retrieval_errors for r in research)),
+                 "rubric/buffer_size": _pooled(sum(sizes), len(sizes))}
         return StepRubric(per_query, samples, not any(fallback), "no rubric items" if any(fallback) else "",
                           stats, fallback)
 
@@ -131,7 +148,8 @@ class DeepResearchRubrics:
         """Stage I for each query: notes and the passages its searches showed. A collective engine is called even
         with no query (every rank must join)."""
         if self._client is not None:
-            return [self._research_external(ctx, q) for q in queries]
+            lock = threading.Lock()  # one search at a time: the writer's calls overlap, the retriever's need not
+            return self._concurrently(lambda q: self._research_external(ctx, q, lock), queries)
         ids = [encode_chat(ctx.tokenizer, research_messages(q), ctx.max_prompt_tokens,
                            key="evaluator.max_prompt_tokens") for q in queries]
         cfg = AgentConfig(max_tool_calls=self.search_turns, max_response_tokens=self.max_research_tokens,
@@ -141,37 +159,54 @@ class DeepResearchRubrics:
         for t in run_agent(ctx.engine, ctx.tokenizer, ids, ctx.retriever, cfg):
             text = ctx.tokenizer.decode(t.response_ids)
             out.append(_Research(findings_text(text), observed_passages(text, self.max_passages,
-                                                                        self.max_passage_chars), len(t.search_queries)))
+                                                                        self.max_passage_chars), len(t.search_queries),
+                                 retrieval_errors=t.retrieval_errors))
         return out
 
-    def _research_external(self, ctx: RubricContext, query: str) -> _Research:
+    def _research_external(self, ctx: RubricContext, query: str, lock: threading.Lock) -> _Research:
         """Stage I on the external writer: each reply either searches (answered by the run's retriever as the next
-        user turn) or writes the notes; past ``search_turns`` it is told to write them."""
-        messages, shown, searches = research_messages(query), [], 0
+        user turn, under ``lock``) or writes the notes; past ``search_turns`` it is told to write them. Stage II sees
+        the first ``max_passages`` passages, as from the policy writer."""
+        messages, shown, searches, errors = research_messages(query), [], 0, 0
         for _ in range(self.search_turns + 1):
             outcome = self._client.ask(messages, _checked_research, expect=f"a search call or {FINDINGS_CLOSE}")
             if not outcome.ok:
-                return _Research("", "\n".join(shown[: self.max_passages]), searches, failed=True)
+                return _Research("", "\n".join(shown[: self.max_passages]), searches, True, errors)
             reply = outcome.value
             if FINDINGS_CLOSE in reply:
-                return _Research(findings_text(reply), "\n".join(shown), searches)
+                return _Research(findings_text(reply), "\n".join(shown[: self.max_passages]), searches, False, errors)
             action = parse_search_action(reply[: reply.rfind(P.SEARCH_CLOSE) + len(P.SEARCH_CLOSE)])
             searches += 1
-            hits = ctx.retriever.search([action.query], self.topk)[0] if action.kind == "search" else []
-            body = "\n".join(f"[{h.id}] {' '.join(h.text.split())[: self.max_passage_chars]}" for h in hits)
-            shown.extend(line for line in body.splitlines() if line not in shown)
+            try:
+                with lock:
+                    hits = ctx.retriever.search([action.query], self.topk)[0] if action.kind == "search" else []
+                body = "\n".join(f"[{h.id}] {' '.join(h.text.split())[: self.max_passage_chars]}" for h in hits)
+            except RetrievalError:  # the research goes on without this search's results, as the policy's loop does
+                errors, body = errors + 1, P.RETRIEVAL_FAILED_OBSERVATION
+            else:
+                shown.extend(line for line in body.splitlines() if line not in shown)
             last = searches >= self.search_turns
             messages = [*messages, {"role": "assistant", "content": reply},
                         {"role": "user", "content": f"{P.OBS_OPEN}{body or 'No results.'}{P.OBS_CLOSE}"
                                                     + ("\nNo searches left: write your findings now." if last else "")}]
-        return _Research("", "\n".join(shown[: self.max_passages]), searches)
+        return _Research("", "\n".join(shown[: self.max_passages]), searches, False, errors)
 
     def _distil(self, ctx: RubricContext, prompts: list[list[dict]]) -> tuple[list[str], list[tuple | None]]:
         """Stage II item texts, with the evaluator's (prompt ids, response ids, train mask, truncated, log-probs)."""
         if self._client is not None:
-            outcomes = [self._client.ask(m, checked_items, expect="one <rubric_items> block") for m in prompts]
+            ask = lambda m: self._client.ask(m, checked_items, expect="one <rubric_items> block")  # noqa: E731
+            outcomes = self._concurrently(ask, prompts)
             return [o.value if o.ok else "" for o in outcomes], [None] * len(prompts)
         return generate_items(ctx, prompts, self.max_item_tokens)
+
+    def _concurrently(self, call: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        """``call`` on every item, in order, from at most the limiter's ``max_concurrency`` threads (the limiter
+        bounds the calls in flight; a thread per slot keeps them all busy)."""
+        workers = min(len(items), self._client.limiter.max_concurrency)
+        if workers <= 1:
+            return [call(x) for x in items]
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="drrubric") as pool:
+            return list(pool.map(call, items))
 
     # ------------------------------------------------------------------ after the scoring
     def observe(self, ctx: RubricContext, queries: Sequence[str], query_ids: Sequence[str],
@@ -189,6 +224,12 @@ class DeepResearchRubrics:
     def load_state_dict(self, state: dict) -> None:
         self.buffer = {qid: _Written([Item(t, float(w), bool(n)) for t, w, n in e["items"]], int(e["iteration"]),
                                      int(e.get("searches", 0))) for qid, e in state.items()}
+
+
+def _pooled(total: float, count: int) -> float:
+    """``total / count`` with both summed over data-parallel ranks (0 when no rank counted any). Collective."""
+    total, count = D.global_sum(total), D.global_sum(count)
+    return total / count if count > 0 else 0.0
 
 
 def _checked_research(text: str) -> str:
