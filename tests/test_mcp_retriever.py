@@ -17,7 +17,7 @@ import pytest
 from helpers import FAST, ROOT, compose
 from score_lightning.errors import RetrieverUnavailable
 from score_lightning.retrieval.base import RetrievalError
-from score_lightning.retrieval.mcp import MCPRetriever
+from score_lightning.retrieval.mcp import MADE_UP_ID_PREFIX, MCPRetriever
 from score_lightning.rollout.scripted import ScriptedEngine, ScriptRequest
 from test_grounded_rewards import DIMS, OBS_ID, RUBRIC, _report
 
@@ -39,6 +39,51 @@ def lookup(text: str, limit: int = 3) -> str:
     ranked = sorted(docs, key=lambda d: -len(words & set(d["contents"].lower().split())))[:limit]
     return json.dumps([{"doc_id": d["id"], "title": d["contents"].split("\\n", 1)[0].strip('"'),
                         "passage": d["contents"].split("\\n", 1)[-1]} for d in ranked])
+
+
+server.run(transport="stdio")
+'''
+
+
+SHAPES_SERVER = '''
+import json, sys, threading
+try:
+    from mcp.server.fastmcp import FastMCP  # mcp 1.x
+except ImportError:
+    from mcp.server.mcpserver import MCPServer as FastMCP  # mcp 2.x
+
+docs = [json.loads(line) for line in open(sys.argv[1], encoding="utf-8") if line.strip()]
+mode, calls, lock = sys.argv[2], [0], threading.Lock()
+server = FastMCP("as-they-are")
+
+
+def ranked(query, topk):
+    words = set(query.lower().split())
+    return sorted(docs, key=lambda d: -len(words & set(d["contents"].lower().split())))[:topk]
+
+
+if mode == "json_text":
+    @server.tool(name="search")
+    def search(query: str, topk: int = 3) -> str:
+        """Hits as JSON text, which the SDK sends as the structured content {"result": "<json>"}."""
+        return json.dumps([{"url": d["id"], "title": d["contents"].split("\\n", 1)[0].strip('"'),
+                            "snippet": d["contents"].split("\\n", 1)[-1]} for d in ranked(query, topk)])
+elif mode == "prose":
+    @server.tool(name="search", structured_output=False)
+    def search(query: str, topk: int = 3) -> list[str]:
+        """One text block of prose per hit, without ids."""
+        return [d["contents"].split("\\n", 1)[-1] for d in ranked(query, topk)]
+else:
+    @server.tool(name="search")
+    def search(query: str, topk: int = 3) -> dict:
+        """Every second call fails (and is written down in argv[3])."""
+        with lock:
+            calls[0] += 1
+            if calls[0] % 2 == 0:
+                with open(sys.argv[3], "a") as log:
+                    log.write(str(calls[0]) + "\\n")
+                raise RuntimeError("every second call fails")
+        return {"results": [{"id": d["id"], "contents": d["contents"]} for d in ranked(query, topk)]}
 
 
 server.run(transport="stdio")
@@ -155,6 +200,39 @@ def test_trains_three_steps_against_a_stdio_server_with_other_names(tmp_path, ti
     _check_searches(out)
     assert out["retriever"].client.tools == ["lookup"]
     assert any(h.text for h in out["retriever"].search(["json"], 2)[0])  # {doc_id, title, passage} became hits
+    out["retriever"].close()
+
+
+def _shapes_server(tmp_path, corpus_file, mode: str, *args: str) -> list[str]:
+    server = tmp_path / "shapes_server.py"
+    server.write_text(SHAPES_SERVER)
+    argv = ",".join(map(str, [sys.executable, server, corpus_file, mode, *args]))
+    return ["retriever.url=null", f"retriever.command=[{argv}]"]
+
+
+@pytest.mark.parametrize("mode", ["json_text", "prose"])
+def test_trains_three_steps_against_servers_returning_json_text_or_prose(tmp_path, tiny_ckpt, corpus_file, mode):
+    from test_mcp_faults import _server_pids
+
+    out = _train(tmp_path, _shapes_server(tmp_path, corpus_file, mode))
+    _check_searches(out)
+    ids = {d for step in out["steps"] for t in step["rollouts"].solver for d in t.retrieved_ids}
+    made_up = {d for d in ids if d.startswith(MADE_UP_ID_PREFIX)}
+    assert made_up == (ids if mode == "prose" else set())  # prose has no ids: made up here, recognisably
+    assert (out["retriever"].num_made_up_ids > 0) == (mode == "prose")
+    assert _server_pids("shapes_server.py") == []  # the run closed the server it started
+
+
+def test_a_failed_call_fails_its_own_search_only_in_a_run(tmp_path, tiny_ckpt, corpus_file):
+    failures = tmp_path / "failed_calls.txt"
+    out = _train(tmp_path, [*_shapes_server(tmp_path, corpus_file, "every_second_fails", str(failures)),
+                            "retriever.max_retries=0"])
+    for step in out["steps"]:  # the solver's two searches are one batch of two calls: one of them fails
+        solver = step["rollouts"].solver
+        assert sorted(t.retrieval_errors for t in solver) == [0, 1]
+        assert [bool(t.retrieved_ids) for t in solver].count(True) == 1
+    errors = sum(s["metrics"]["rollout/retrieval_errors_step"] for s in out["steps"])
+    assert errors == len(failures.read_text().split()) > 0  # each failed call counted once, no other
 
 
 def test_a_dead_server_is_refused_in_seconds(tmp_path, tiny_ckpt, corpus_file):

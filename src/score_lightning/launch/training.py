@@ -150,19 +150,24 @@ def build_trainer(cfg: DictConfig, callbacks: list):
 
 
 def probe_retriever(cfg: DictConfig) -> None:
-    """Fail in seconds, before any long work, when a remote retriever (HTTP or MCP) is unreachable."""
+    """Fail in seconds, before any long work, when a remote retriever (HTTP or MCP) is unreachable, or answers
+    in a shape its client cannot read (said as such: the server is up)."""
     kind = cfg.retriever.kind
     if kind not in ("http", "mcp") or not bool(cfg.retriever.get("probe_at_start", True)):
         return
-    from score_lightning.retrieval.base import RetrievalError
+    from score_lightning.retrieval.base import RetrievalError, UnexpectedResult
     from score_lightning.retrieval.from_config import retriever_from_config
 
     retriever = None
+    where = cfg.retriever.url or " ".join(map(str, cfg.retriever.get("command") or []))
     try:
         retriever = retriever_from_config(cfg.retriever, cfg.paths.cache_dir)
         retriever.search(["probe"], 1)
+    except UnexpectedResult as exc:  # it answered: no advice to start it, the shape is what to fix
+        raise RetrieverUnavailable(
+            f"the retriever at {where} answered, but not in a shape it reads: {exc}"
+        ) from None
     except RetrievalError as exc:
-        where = cfg.retriever.url or " ".join(map(str, cfg.retriever.get("command") or []))
         start = (f"python scripts/serve_retriever.py --port {_port(cfg.retriever.url)}" if kind == "http" else
                  f"python scripts/serve_mcp_search.py --port {_port(cfg.retriever.url)}" if cfg.retriever.url else
                  "check that the command starts an MCP server on stdio")

@@ -35,5 +35,21 @@ class Retriever(Protocol):
 class RetrievalError(RuntimeError):
     """A remote retriever gave up (after retries, or at once for a client error).
 
-    The agent loop turns this into a "retrieval failed" observation instead of crashing a run.
+    The agent loop turns this into a "retrieval failed" observation instead of crashing a run. ``hits``, when
+    set, holds per query its hits, or ``None`` where that query failed: a retriever whose queries fail one by
+    one (MCP) keeps the others' results, and only the failed ones are counted.
     """
+
+    def __init__(self, message: str, hits: list[list[SearchHit] | None] | None = None) -> None:
+        super().__init__(message)
+        self.hits = hits
+
+
+class UnexpectedResult(RetrievalError):
+    """The retriever answered, but not in a shape its client reads: the server is up and its results are not
+    where the config looks for them, which is no outage (not retried; the message shows the shape)."""
+
+
+def hits_or_failed(exc: RetrievalError, n: int) -> list[list[SearchHit] | None]:
+    """Per query of a failed ``search`` of ``n`` queries: its hits, or ``None`` where it failed."""
+    return list(exc.hits) if exc.hits is not None and len(exc.hits) == n else [None] * n

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from score_lightning import protocol as P
-from score_lightning.retrieval.base import RetrievalError, Retriever
+from score_lightning.retrieval.base import RetrievalError, Retriever, hits_or_failed
 from score_lightning.rollout.engine import RolloutEngine, SamplingParams, is_collective
 from score_lightning.rollout.stops import TagStops, completed_tag
 from score_lightning.rollout.trajectory import Trajectory
@@ -234,20 +234,19 @@ def _unclosed_search(segment: str) -> bool:
 def _answer_searches(pending, trajs, retriever, cfg: AgentConfig, tokenizer) -> None:
     """Run all pending queries in one retriever call and append the observations."""
     queries = [(i, q) for i, q in pending if q]
-    results: dict[int, list] = {}
-    failed = False
+    results: dict[int, list | None] = {}
     if queries and retriever is not None:
         try:
             hits = retriever.search([q for _, q in queries], cfg.topk)
-            results = {i: h for (i, _), h in zip(queries, hits)}
-        except RetrievalError as exc:
-            log.warning("retrieval failed for %d queries: %s", len(queries), exc)
-            failed = True
+        except RetrievalError as exc:  # the queries that did get hits keep them; only the failed ones count
+            hits = hits_or_failed(exc, len(queries))
+            log.warning("retrieval failed for %d of %d queries: %s", hits.count(None), len(queries), exc)
+        results = {i: h for (i, _), h in zip(queries, hits)}
     for i, q in pending:
         t = trajs[i]
         if not q:
             ids = _wrap_observation(P.invalid_action_observation(cfg.finish_tag), cfg.max_observation_tokens, tokenizer)
-        elif failed or retriever is None:
+        elif results.get(i) is None:
             t.retrieval_errors += 1
             ids = _wrap_observation(P.RETRIEVAL_FAILED_OBSERVATION, cfg.max_observation_tokens, tokenizer)
         else:

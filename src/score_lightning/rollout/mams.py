@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from score_lightning.protocol import SEARCH_CLOSE
-from score_lightning.retrieval.base import RetrievalError, Retriever
+from score_lightning.retrieval.base import RetrievalError, Retriever, hits_or_failed
 from score_lightning.roles import mams_prompts as M
 from score_lightning.rollout.agent import parse_search_action, shown_ids
 from score_lightning.rollout.chat import encode_chat, truncate_text
@@ -211,15 +211,15 @@ def _observe(runs: list[_Run], retriever: Retriever | None, cfg: MamsConfig, tok
     """Answer every pending search in one retriever call; queue each observation's chunks for the state role."""
     if not runs:
         return
-    hits: list[list] = [[] for _ in runs]
-    failed = retriever is None
+    hits: list[list | None] = [None for _ in runs]
     if retriever is not None:
         try:
             hits = retriever.search([r.traj.search_queries[-1] for r in runs], cfg.topk)
-        except RetrievalError as exc:
-            log.warning("retrieval failed for %d MaMs searches: %s", len(runs), exc)
-            failed = True
+        except RetrievalError as exc:  # the searches that did get hits keep them; only the failed ones count
+            hits = hits_or_failed(exc, len(runs))
+            log.warning("retrieval failed for %d of %d MaMs searches: %s", hits.count(None), len(runs), exc)
     for r, found in zip(runs, hits):
+        failed, found = found is None, found or []
         r.search = r.traj.search_queries[-1]
         if failed:
             r.traj.retrieval_errors += 1

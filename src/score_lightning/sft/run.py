@@ -163,6 +163,7 @@ def _build(cfg: DictConfig, model_path: str, out: Path, inputs: dict, loggers: l
         metrics.update({f"sft/{k}": v for k, v in pm.items()})
         metrics["sft/probe_s"] = time.perf_counter() - tp
         log.info("sft probe: %s", ", ".join(f"{k}={v:.2f}" for k, v in pm.items()))
+    getattr(retriever, "close", lambda: None)()  # an MCP stdio server ends with the demonstrations, not the process
     metrics["sft/total_s"] = time.perf_counter() - t0
     if bool(s.get("log_samples", True)):
         _log_summary(loggers, {}, _sample_texts(demos, tokenizer), str(cfg.paths.output_dir))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from score_lightning import protocol as P
 from score_lightning.harness.state import HarnessState
-from score_lightning.retrieval.base import RetrievalError, Retriever
+from score_lightning.retrieval.base import RetrievalError, Retriever, hits_or_failed
 from score_lightning.roles.cited_passages import cited_passages, corpus_texts, passage_texts
 from score_lightning.roles.evidence import EvidenceDoc, evidence_from_hits
 from score_lightning.roles.prompts import format_rubric, scoring_messages, solver_messages
@@ -93,13 +93,14 @@ def initial_evidence(retriever: Retriever, queries: Sequence[str], topk: int) ->
     """D_q^0 = R(q): the top documents per query (ids with titles), and 1 if the retrieval failed (else 0).
 
     It grounds the rubric prompt (E_q = Harness(q, D_q^0, S)) and doubles as a per-step retrieval
-    health probe that does not depend on whether the policy chose to search.
+    health probe that does not depend on whether the policy chose to search. A retriever that fails query by
+    query (MCP) leaves the others their documents; the failed ones get none.
     """
     try:
         return evidence_from_hits(retriever.search(list(queries), topk)), 0
     except RetrievalError as exc:
         log.warning("initial retrieval failed: %s", exc)
-        return [[] for _ in queries], 1
+        return evidence_from_hits([h or [] for h in hits_or_failed(exc, len(queries))]), 1
 
 
 def solver_rollouts(engine: RolloutEngine, tokenizer, retriever: Retriever, queries: Sequence[str],
