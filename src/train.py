@@ -20,7 +20,10 @@ EXIT_CONFIG = 2  # a refused config, checkpoint, unloadable model, unreachable r
 def main(cfg: DictConfig) -> None:
     from score_lightning.errors import (ColdStartUnavailable, ConfigError, ModelUnavailable, RetrieverUnavailable,
                                         TrainingHalted)
-    from score_lightning.launch.training import run  # light: torch and Lightning load after the config is validated
+    from score_lightning.launch.threads import export_wait_policy
+
+    export_wait_policy(cfg)  # before torch loads: OpenMP reads OMP_WAIT_POLICY once, when its library loads
+    from score_lightning.launch.training import run  # torch loads with it (the config checks import it)
 
     try:
         run(cfg)

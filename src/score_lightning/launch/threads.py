@@ -8,14 +8,17 @@ never for one process, and no process can see an independent run started beside 
 ``threads.runs`` (or ``OMP_NUM_THREADS=1``) tells it.
 
 ``auto`` also looks at the load already on the machine (issue 49: with three other jobs on 2 cores, 2
-threads took 45-52 s a step and 1 thread 11.4 s): the cores other work keeps busy, read from the run
-queue now (runnable tasks in ``/proc/loadavg``, sampled a few times, this process's own threads and its
-sibling ranks left out), are taken off the usable cores before they are divided. The 1-minute load
-average is logged beside it but not counted: it lags, so a run started right after other work ended
-(the next cell of a study, a test suite's next CLI run, a script started after a build) would see that
-work for a minute and keep one thread for its whole life on an idle machine. It logs what it saw and
-chose, and warns when the machine is oversubscribed. The reading is system-wide: with fewer usable cores than the
-machine has (an affinity mask, a cgroup quota), it is scaled to the usable share.
+threads took 45-52 s a step and 1 thread 11.4 s): the cores other work keeps busy on this process's own CPUs
+over 0.2 s (``host/cpu_load.py``: per-CPU busy time less this process's, its sibling ranks left out) are
+taken off the usable cores before they are divided. Work on CPUs outside the affinity mask is not read at all
+(a host-wide reading scaled to a share gave 1 thread on an idle 8-core cpuset, issue 69); under a cgroup quota
+the usable cores are the quota or the CPUs other work leaves idle, whichever is fewer. The 1-minute load
+average is logged beside it but not counted: it lags, so a run started right after other work ended (the next
+cell of a study, a test suite's next CLI run, a script started after a build) would see that work for a minute
+and keep one thread for its whole life on an idle machine. It logs what it saw and chose, and warns when the
+machine is oversubscribed. On a CPU run of one process the count then follows the load while it runs
+(``callbacks/adaptive_threads.py``); ``OMP_WAIT_POLICY=PASSIVE`` (``threads.wait_policy``) keeps idle OpenMP
+threads from spinning on cores other work needs.
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ from __future__ import annotations
 import logging
 import math
 import os
-import statistics
 import time
-from dataclasses import dataclass
+from collections.abc import MutableMapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+from score_lightning.host.cpu_load import OtherWorkMeter
 
 log = logging.getLogger(__name__)
 
@@ -62,24 +67,28 @@ def _cgroup_quota() -> float | None:
 
 @dataclass(frozen=True)
 class LoadReading:
-    """What else keeps the machine busy, in cores: ``runnable`` (other tasks runnable now, the median of a few
-    samples of the run queue) and ``load_avg`` (the 1-minute load average less this process's own share); both
-    system-wide, over ``online`` CPUs."""
+    """What else keeps this process's CPUs busy: ``busy`` (cores of its ``cpus`` allowed CPUs that other work kept
+    busy over the reading, ``host/cpu_load.py``) and, logged only, ``load_avg`` (the host's 1-minute load average
+    less this process's own share, over ``online`` CPUs)."""
 
-    runnable: float
+    busy: float
     load_avg: float
+    cpus: int
     online: int
 
-    def busy(self, cores: int, siblings: int = 0) -> float:
-        """Cores of the ``cores`` this process may use that other work keeps busy now: the run queue, less this
-        run's ``siblings`` (its other local processes, started with it), scaled to the usable share of the
-        machine. Not the load average: it still counts, for up to a minute, work that has already ended."""
-        others = self.runnable - siblings
-        return max(0.0, others) * min(1.0, cores / max(1, self.online))
+    def others(self, siblings: int = 0) -> float:
+        """Cores other work keeps busy, less this run's ``siblings`` (its other local processes, started with it)."""
+        return max(0.0, self.busy - siblings)
 
-    def describe(self, cores: int, siblings: int = 0) -> str:
-        return (f"other work needs {self.busy(cores, siblings):.1f} cores (run queue {self.runnable:.1f}, "
-                f"1-minute load average {self.load_avg:.2f}, over {self.online} CPUs)")
+    def free(self, cores: int, siblings: int = 0) -> float:
+        """Cores this process may use that other work leaves idle: its ``cores`` (affinity, cgroup quota) or its
+        allowed CPUs less the busy ones, whichever is fewer. Never scaled: the reading is of its own CPUs."""
+        return max(0.0, min(float(cores), self.cpus - self.others(siblings)))
+
+    def describe(self, siblings: int = 0) -> str:
+        return (f"other work keeps {self.others(siblings):.1f} of the {self.cpus} allowed "
+                f"CPU{'s' * (self.cpus != 1)} busy (1-minute load average {self.load_avg:.2f} over {self.online} "
+                "CPUs, not counted)")
 
 
 def own_load_share(cpu_seconds: float, elapsed_seconds: float) -> float:
@@ -90,60 +99,50 @@ def own_load_share(cpu_seconds: float, elapsed_seconds: float) -> float:
     return (cpu_seconds / elapsed_seconds) * (1.0 - math.exp(-elapsed_seconds / 60.0))
 
 
-def _own_running_threads() -> int:
-    """This process's threads in state R (the one reading is one of them)."""
-    running = 0
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            running += (task / "stat").read_text().rsplit(")", 1)[1].split()[0] == "R"
-        except (OSError, IndexError):
-            continue
-    return max(1, running)
-
-
 def _age_seconds() -> float:
     ticks = os.sysconf("SC_CLK_TCK")
     start = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]) / ticks
     return float(Path("/proc/uptime").read_text().split()[0]) - start
 
 
-def machine_load(samples: int = 9, interval_s: float = 0.025) -> LoadReading | None:
-    """Read the machine's load (Linux ``/proc``); None where it cannot be read. Takes ``samples x interval_s``."""
-    try:
-        queue = []
-        for i in range(samples):
-            fields = Path("/proc/loadavg").read_text().split()
-            queue.append(int(fields[3].split("/")[0]) - _own_running_threads())
-            if i + 1 < samples:
-                time.sleep(interval_s)
-        cpu = sum(os.times()[:2])
-        load_avg = max(0.0, float(fields[0]) - own_load_share(cpu, _age_seconds()))
-    except (OSError, ValueError, IndexError):
+def machine_load(window_s: float = 0.2) -> LoadReading | None:
+    """Read the load on this process's CPUs over ``window_s`` (Linux ``/proc``); None where it cannot be read."""
+    meter = OtherWorkMeter()
+    if not meter.start():
         return None
-    return LoadReading(max(0.0, float(statistics.median(queue))), load_avg, os.cpu_count() or 1)
+    time.sleep(window_s)
+    busy = meter.read()
+    try:
+        load_avg = max(0.0, float(Path("/proc/loadavg").read_text().split()[0])
+                       - own_load_share(sum(os.times()[:2]), _age_seconds()))
+    except (OSError, ValueError, IndexError):
+        load_avg = 0.0
+    return None if busy is None else LoadReading(busy, load_avg, len(meter.cpus), os.cpu_count() or 1)
 
 
 def oversubscribed(load: LoadReading | None, cores: int, threads: int, siblings: int = 0) -> str | None:
     """The warning when other work and this run's ``threads`` (all its local processes') need more than the
     usable cores, with half a core of slack for the reading's noise; None otherwise."""
-    if load is None:
-        return None
-    busy = load.busy(cores, siblings)
-    if busy + threads <= cores + 0.5:
+    if load is None or threads <= load.free(cores, siblings) + 0.5:
         return None
     return (f"the machine is oversubscribed: {cores} usable core{'s' * (cores != 1)}, "
-            f"{load.describe(cores, siblings)}, and this run adds {threads} thread{'s' * (threads != 1)}; every step "
+            f"{load.describe(siblings)}, and this run adds {threads} thread{'s' * (threads != 1)}; every step "
             "will be slower. Stop other jobs, or give each run its share with threads.runs (docs/INSTALL.md)")
 
 
 @dataclass(frozen=True)
 class ThreadPlan:
     """How many threads, and why (the log line). ``worker_threads``: the asynchronous rollout worker's
-    share (``rollout.mode=async``; 0 when there is no worker)."""
+    share (``rollout.mode=async``; 0 when there is no worker). ``adaptive``: auto decided it on a CPU run of one
+    process, so the count may follow the load while the run goes on (``callbacks/adaptive_threads.py``), up to
+    ``cap`` (auto's share with no other work) within ``cores`` usable cores."""
 
     threads: int
     reason: str
     worker_threads: int = 0
+    adaptive: bool = False
+    cap: int = 0
+    cores: int = 0
 
 
 def split_for_worker(threads: int) -> tuple[int, int]:
@@ -159,7 +158,8 @@ def with_worker(plan: ThreadPlan) -> ThreadPlan:
     trainer, worker = split_for_worker(plan.threads)
     share = " (each keeps 1: 2 threads in all)" if plan.threads == 1 else ""
     return ThreadPlan(trainer, f"{plan.reason}; rollout.mode=async: trainer {trainer} + rollout worker {worker} "
-                               f"of {plan.threads}{share}", worker)
+                               f"of {plan.threads}{share}", worker, plan.adaptive,
+                      split_for_worker(plan.cap)[0] if plan.cap else 0, plan.cores)
 
 
 def _siblings(local_processes: int, env: dict[str, str]) -> int:
@@ -186,8 +186,8 @@ def plan_threads(setting: object, runs: int, local_processes: int, cores: int, e
 
     Precedence: an explicit ``threads.num=N``; then ``OMP_NUM_THREADS`` from the environment (the
     user's own, not one this module set for a parent process); then auto = the idle cores / (local
-    processes x runs), at least 1, where the idle cores are the usable ones less those ``load`` finds busy
-    with other work (rounded to the nearest core; ``load=None``: all of them). A DDP rank that inherited
+    processes x runs), at least 1, where the idle cores are the usable ones that ``load`` finds free of other
+    work on this process's CPUs (rounded to the nearest core; ``load=None``: all of them). A DDP rank that inherited
     this module's choice from the process that launched it keeps it (that process read the load before its
     siblings started).
     """
@@ -206,11 +206,11 @@ def plan_threads(setting: object, runs: int, local_processes: int, cores: int, e
     if load is None:
         return ThreadPlan(auto, f"threads.num=auto: {why_auto}")
     siblings = _siblings(local_processes, env)
-    idle = max(0, math.floor(cores - load.busy(cores, siblings) + 0.5))
+    idle = math.floor(load.free(cores, siblings) + 0.5)
     threads = max(1, min(auto, idle // split))
     verdict = "" if threads == auto else (f": {idle} idle core{'s' * (idle != 1)} for {split} "
                                           f"process{'es' * (split != 1)} of this run, so {threads} instead of {auto}")
-    return ThreadPlan(threads, f"threads.num=auto: {why_auto}; {load.describe(cores, siblings)}{verdict}")
+    return ThreadPlan(threads, f"threads.num=auto: {why_auto}; {load.describe(siblings)}{verdict}")
 
 
 def local_processes(devices: object, strategy: str, accelerator: str) -> int:
@@ -250,8 +250,10 @@ def apply_threads(cfg) -> ThreadPlan:
     procs = local_processes(devices, str(OmegaConf.select(cfg, "strategy.name")),
                             str(OmegaConf.select(cfg, "trainer.accelerator")))
     setting, runs, cores, env = t.get("num", "auto"), int(t.get("runs", 1)), usable_cores(), dict(os.environ)
-    load = machine_load() if auto_applies(setting, env) else None  # about 0.1 s, only where auto decides
+    load = machine_load() if auto_applies(setting, env) else None  # about 0.2 s, only where auto decides
     plan = plan_threads(setting, runs, procs, cores, env, load)
+    adaptive = auto_applies(setting, env) and procs == 1 and str(OmegaConf.select(cfg, "trainer.accelerator")) == "cpu"
+    plan = replace(plan, adaptive=adaptive, cap=max(1, cores // max(1, procs * runs)), cores=cores)
     if str(OmegaConf.select(cfg, "rollout.mode") or "sync") == "async":
         plan = with_worker(plan)
     torch.set_num_threads(plan.threads)
@@ -266,3 +268,20 @@ def apply_threads(cfg) -> ThreadPlan:
         if warning is not None:
             log.warning(warning)
     return plan
+
+
+def export_wait_policy(cfg, env: MutableMapping[str, str] | None = None) -> str | None:
+    """Export ``OMP_WAIT_POLICY`` = ``threads.wait_policy`` where auto decides the count and the variable is unset;
+    returns what was set. Call it before torch loads: OpenMP reads it once, when its library loads (child
+    processes, which inherit it, read it at their own start). Why passive: an OpenMP thread that waits for work
+    otherwise spins on a core for a while, and beside busy processes those spins are the cores they need."""
+    from omegaconf import OmegaConf
+
+    env = os.environ if env is None else env
+    policy = OmegaConf.select(cfg, "threads.wait_policy")
+    if policy not in ("passive", "active") or "OMP_WAIT_POLICY" in env:  # a bad value is refused by the config checks
+        return None
+    if not auto_applies(OmegaConf.select(cfg, "threads.num"), dict(env)):
+        return None
+    env["OMP_WAIT_POLICY"] = str(policy).upper()
+    return env["OMP_WAIT_POLICY"]

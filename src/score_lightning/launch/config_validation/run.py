@@ -20,6 +20,11 @@ def check_run(c: Checks) -> None:
     if c.get("threads") is not None:
         c("threads.num", lambda v: v == "auto" or integer(1)(v), "'auto' or an integer >= 1 (CPU threads per process)")
         c("threads.runs", integer(1), "an integer >= 1 (independent runs sharing this machine's cores)")
+        c("threads.wait_policy", one_of(None, "passive", "active"), "null, 'passive' or 'active' (OMP_WAIT_POLICY)")
+    if c.get("callbacks.adaptive_threads") is not None:
+        c("callbacks.adaptive_threads.every_n_steps", integer(0), "an integer >= 0 (0: the launch-time count stays)")
+        c("callbacks.adaptive_threads.margin", number(0.0, 0.5, hi_open=True), "a number of cores in [0, 0.5)")
+        c("callbacks.adaptive_threads.rise_after", integer(1), "an integer >= 1 (readings before a thread is added)")
     c("trainer.precision", lambda v: str(v) in _PRECISIONS,
       f"one of {sorted(_PRECISIONS)} (fp16 with a grad scaler is not supported)")
     c("strategy.name", one_of("single", "ddp", "fsdp"), "'single', 'ddp' or 'fsdp'")
