@@ -48,7 +48,14 @@ T = TypeVar("T")
 
 
 class ReplyError(ValueError):
-    """The model answered, but not in the expected form: worth asking again with the reason."""
+    """The model answered, but not in the expected form: worth asking again with the reason.
+
+    ``kind`` is the failure kind the reply counts as when every re-ask fails (``unparseable``: no usable
+    form; a caller's own kind, e.g. the judge's ``invalid``, for a reply that parsed but broke a rule)."""
+
+    def __init__(self, message: str, kind: str = "unparseable") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass
@@ -269,7 +276,7 @@ class ChatClient:
         ``parse`` raises ``ValueError`` (e.g. :class:`ReplyError`) for an invalid reply; the re-ask asks for
         ``expect`` ("Reply again with <expect> only"). Never raises
         for backend failures: they come back as ``ChatOutcome.error`` (``timeout``, ``connection``,
-        ``http_<status>``, ``bad_response``, ``truncated``, ``unparseable``).
+        ``http_<status>``, ``bad_response``, ``truncated``, ``unparseable``, or a :class:`ReplyError`'s ``kind``).
         """
         out = ChatOutcome()
         self._local.requests, self._local.latency = 0, 0.0
@@ -287,7 +294,7 @@ class ChatClient:
                     out.value, out.error, out.detail = parse(content), None, ""
                     return out
                 except (ValueError, TypeError, KeyError) as exc:  # HarnessStateError, ReplyError are ValueErrors
-                    out.error, out.detail = "unparseable", str(exc)
+                    out.error, out.detail = getattr(exc, "kind", "unparseable"), str(exc)
                     messages = _corrected(messages, content, str(exc), expect)
                 log.debug("chat request to %s: %s %s", self.url, out.error, out.detail[:120])
             return out

@@ -5,8 +5,9 @@ Each judgement is :meth:`ChatClient.ask <score_lightning.clients.chat.ChatClient
 process's limiter (``judge.max_concurrency`` in flight, ``judge.requests_per_minute``), with a hard deadline
 of ``judge.timeout_s`` per call, the SDK's transport retries and the re-asks of an unusable reply
 (``judge.max_retries`` each). Its result is a value or an error kind (``timeout``, ``connection``,
-``http_<status>``, ``bad_response``, ``truncated``, ``unparseable``), never a score: what a failed judgement
-means for a reward is the caller's decision (the step leaves that report out of its group).
+``http_<status>``, ``bad_response``, ``truncated``, ``unparseable``, and ``invalid``: a reply that parsed but broke
+one of the caller's rules, its reason kept), never a score: what a failed judgement means for a reward is the
+caller's decision (the step leaves that report out of its group).
 
 :class:`JudgeTally` counts a step's judgements (``judge/failed_rate``, ``judge/latency_s``,
 ``judge/in_flight_max``) and words the error when too many failed.
@@ -51,7 +52,8 @@ class JudgeSettings:
         return f"{self.base_url.rstrip('/')}/chat/completions (model {self.model})"
 
 
-Request = tuple[list[dict[str, str]], Callable[[str], Any]]  # (messages, parse: raises ValueError if unusable)
+#: (messages, parse: raises ValueError if unusable) or (messages, parse, what a re-ask asks for)
+Request = tuple[list[dict[str, str]], Callable[[str], Any]] | tuple[list[dict[str, str]], Callable[[str], Any], str]
 
 
 class LLMJudge:
@@ -96,6 +98,7 @@ class JudgeTally:
     latency_sum: float = 0.0
     latency_max: float = 0.0
     in_flight_max: float = 0.0
+    reasons: dict[str, int] = field(default_factory=dict)  # kind "invalid": the rule the last reply broke -> count
 
     def add(self, outcomes: Sequence[ChatOutcome]) -> None:
         for out in outcomes:
@@ -105,13 +108,18 @@ class JudgeTally:
             if not out.ok:
                 self.failed += 1
                 self.kinds[str(out.error)] = self.kinds.get(str(out.error), 0) + 1
+                if out.error == "invalid":
+                    self.reasons[out.detail] = self.reasons.get(out.detail, 0) + 1
 
     def merge(self, other: "JudgeTally") -> "JudgeTally":
         out = JudgeTally(self.endpoint or other.endpoint, self.requests + other.requests, self.failed + other.failed,
                          dict(self.kinds), self.latency_sum + other.latency_sum,
                          max(self.latency_max, other.latency_max), max(self.in_flight_max, other.in_flight_max))
+        out.reasons = dict(self.reasons)
         for k, n in other.kinds.items():
             out.kinds[k] = out.kinds.get(k, 0) + n
+        for k, n in other.reasons.items():
+            out.reasons[k] = out.reasons.get(k, 0) + n
         return out
 
     @property
@@ -126,6 +134,13 @@ class JudgeTally:
                 "judge/requests": float(self.requests)}
 
     def describe(self) -> str:
-        """``3 of 8 judgements failed at <endpoint>: timeout x2, http_500 x1``."""
-        kinds = ", ".join(f"{k} x{n}" for k, n in sorted(self.kinds.items(), key=lambda kv: (-kv[1], kv[0])))
-        return f"{self.failed} of {self.requests} judgements failed at {self.endpoint}" + (f": {kinds}" if kinds else "")
+        """``3 of 8 judgements failed at <endpoint>: timeout x2, invalid x1 (invalid: report 1: missing ... x1)``."""
+        kinds = ", ".join(f"{k} x{n}" for k, n in _by_count(self.kinds))
+        reasons = "; ".join(f"{k} x{n}" for k, n in _by_count(self.reasons))
+        return (f"{self.failed} of {self.requests} judgements failed at {self.endpoint}" + (f": {kinds}" if kinds else "")
+                + (f" (invalid: {reasons})" if reasons else ""))
+
+
+def _by_count(counts: dict[str, int]) -> list[tuple[str, int]]:
+    """Most frequent first, then by name: the order an error message lists them in."""
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))

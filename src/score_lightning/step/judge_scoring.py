@@ -6,7 +6,9 @@ This is the static-evaluator baseline the SCORE paper argues against (GPT-4.1 as
 :func:`~score_lightning.roles.prompts.scoring_messages` (``pointwise``, with the report's retrieved ids under
 ``evaluator.show_retrieved``, the report cut to ``evaluator.max_report_tokens``), and the reply is read by
 :func:`~score_lightning.roles.evaluation.parse_evaluation`; a reply that does not reach and close the
-report's block is unusable and asked again (``judge.max_retries``).
+report's block is unusable, and one that closes it but breaks a rule (a rubric dimension without a score, a value
+outside 0..10, a ``<verification>`` or ``<gap_analysis>`` the harness requires missing) is invalid: either is
+asked again with the reason (``judge.max_retries``), never read as a score.
 
 **Failures are never a score.** A judgement that still fails (a timeout, 429 or 5xx after the SDK's
 retries, an unusable reply) leaves its report *unjudged*: it drops out of its group's advantages as under
@@ -14,7 +16,8 @@ retries, an unusable reply) leaves its report *unjudged*: it drops out of its gr
 nowhere), whatever ``evaluator.on_incomplete`` says. Every judgement is counted (``judge/failed_rate``,
 ``judge/latency_s``, ``judge/in_flight_max``), and a step whose failed share, pooled over ranks, exceeds
 ``judge.max_failed_rate`` stops the run before its update with an error naming the endpoint and the failure
-kinds (:func:`check_judgements`). A report with no answer is not sent: its reward is 0 whatever its scores.
+kinds (:func:`check_judgements`; an invalid reply counts as kind ``invalid``, the rule it broke kept in the tally).
+A report with no answer is not sent: its reward is 0 whatever its scores.
 
 The judge makes no verification searches (depth 0), so config validation refuses it with the verifier on.
 """
@@ -62,8 +65,15 @@ def judge_from_cfg(cfg) -> LLMJudge:
     return LLMJudge(JudgeSettings.from_cfg(OmegaConf.to_container(cfg.judge, resolve=True)))
 
 
+#: what a re-ask asks the judge for
+EXPECT = "the whole corrected <report_evaluations> block"
+
+
 def _reader(rubric: Rubric, state: HarnessState):
-    """The evaluator role's parser, held to one report: a reply that never closes its block is unusable."""
+    """The evaluator role's parser, held to one report: a reply that never closes its block is unusable; one that
+    closes it but breaks a parse rule (a dimension unscored, a value outside 0..10, a required section missing) is
+    invalid. Both raise, so the judge is asked again with the reason and, failing that, the report stays unjudged:
+    a score read from a broken reply would be a guess (0 for a missing dimension, 10 for a value of 80)."""
     pc = state.process_constraints
 
     def parse(text: str) -> EvaluationParse:
@@ -72,6 +82,8 @@ def _reader(rubric: Rubric, state: HarnessState):
         if not ev.reaches_every_report(1):
             raise ReplyError(f"the evaluation does not reach and close report 1 ({ev.error or 'no scores'}); "
                              "reply with the whole <report_evaluations> block")
+        if not ev.valid:
+            raise ReplyError(ev.error, kind="invalid")
         return ev
 
     return parse
@@ -94,7 +106,7 @@ def external_evaluations(judge: LLMJudge, tokenizer, queries: Sequence[str], rep
             cited = report_citations(tokenizer, retriever, [text], [sources[i][k]] if sources is not None else None,
                                      [shown[i][k]] if shown is not None else None, settings)
             requests.append((scoring_messages(q, [text], rubric, state, ids, pointwise=True, cited=cited),
-                             _reader(rubric, state)))
+                             _reader(rubric, state), EXPECT))
             where.append((i, k))
     outcomes = judge.judge(requests)
     tally = JudgeTally(endpoint=judge.settings.endpoint)
