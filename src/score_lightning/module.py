@@ -37,6 +37,7 @@ from score_lightning.step.record import record_ranking, record_rewards, record_r
 from score_lightning.step.report import global_values, report_distributions, report_texts, throughput
 from score_lightning.step.generation import GenerationHooks, stamp_policy_version
 from score_lightning.step.judge_scoring import check_judgements, configure_limits, uses_judge
+from score_lightning.step.judged_rows import judged_view
 from score_lightning.step.prefetch import RolloutPrefetcher, record_async
 from score_lightning.step.reward_assembly import RewardSettings, StepRewards
 from score_lightning.step.rollouts import RolloutSettings
@@ -137,9 +138,11 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Pr
         sc.mean("solver/zero_variance_group_rate", drawn[0], drawn[1])
         sc.max("solver/sampling_draws", drawn[2])
         metrics: dict[str, float] = dict(ro.rubrics.stats) | judged
-        metrics.update(self.rubric_source.observe(self.rubric_context(), ro.queries, ro.query_ids, rw.item_scores,
-                                                  self._reports(rw), rw.rewards.view(-1, self.K).tolist(),
-                                                  passages=lambda: self._passages(ro)))
+        # the rubric source learns from judged reports only: an unjudged one's row of zeros is no score
+        seen = judged_view(rw.scored.tolist(), self.K, rw.item_scores, self._reports(rw),
+                           rw.rewards.view(-1, self.K).tolist(), lambda: self._passages(ro))
+        metrics.update(self.rubric_source.observe(self.rubric_context(), ro.queries, ro.query_ids, seen[0], seen[1],
+                                                  seen[2], passages=seen[3]))
         upd = None
         if not bool(c.solver.freeze):
             with update_scope(c, self.policy):  # frozen bottom layers run once per input; freed after this update
@@ -160,6 +163,8 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Pr
         advantages, r_eval, advantage = centre(rewards, self.baseline)
         if kind == "preference" and self.preference.appraisal_weight > 0:
             metrics["evaluator/appraisal_failures"] = float(self.preference.appraisal_failures)  # cumulative
+        if kind == "preference":  # pair evaluations that did not finish: left out of the reward, counted
+            metrics["evaluator/preference_incomplete_rate"] = self.preference.incomplete_rate
         trained, advantages = st.fold([s for (s, _), r in zip(ro.rubrics.samples, rewards) if r is not None], advantages,
                                       r_eval is not None and self.rubric_source.trains_evaluator and groups is None)
         trained, advantages = sj.fold(trained, advantages)

@@ -13,13 +13,14 @@ class PreferenceHooks:
     """Mixed into :class:`~score_lightning.module.ScoreModule` (it owns the engines, the retriever and the state)."""
 
     def score_preference_pairs(self, prompts, report_pairs, rubrics) -> list:
-        """Each report pair scored by the evaluator under its own rubric: ``[2][k]`` scores per pair."""
+        """Each report pair scored by the evaluator under its own rubric: ``[2][k]`` scores per pair, ``None`` for a
+        pair whose evaluation did not finish (a report it never reached has no score, not 0)."""
         trajs = scoring_rollouts(self.evaluator_engine, self.tokenizer, self.retriever, prompts, report_pairs,
                                  list(rubrics), self.harness_state, self.rollout_settings)
         evals = group_evaluations(trajs, list(rubrics), 2, self.rollout_settings.scoring_protocol,
                                   self.harness_state.process_constraints, self.tokenizer,
                                   self.rollout_settings.score_readout)
-        return [g.parse.score_matrix(r, 2) for g, r in zip(evals, rubrics)]
+        return [g.parse.score_matrix(r, 2) if g.complete else None for g, r in zip(evals, rubrics)]
 
     def preference_value(self, ro):
         """A thunk: the step's preference agreement for the step's own rubric (collective when called)."""

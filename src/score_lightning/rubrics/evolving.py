@@ -140,7 +140,8 @@ class EvolvingRubrics:
                 rewards: Sequence[Sequence[float]],
                 passages: Callable[[], list[list[dict[str, str]]]] | None = None) -> dict[str, float]:
         """Prune by score spread and keep the best / worst reports, with the passages their searches returned
-        (``passages()``: per query, per report, id -> text), for the next visit's contrast."""
+        (``passages()``: per query, per report, id -> text), for the next visit's contrast. The step passes the
+        judged reports only (``step/judged_rows.py``); a query with fewer than two is left as it was."""
         removed, stds = 0, []
         if not self.evolve:  # the initial items stay as written
             sizes = [len(self.buffer[str(q)].items) for q in query_ids if str(q) in self.buffer]
@@ -149,6 +150,8 @@ class EvolvingRubrics:
         for qi, (qid, scores, group, r) in enumerate(zip(query_ids, item_scores, reports, rewards)):
             entry = self.buffer.get(str(qid))
             if entry is None or not entry.items or scores is None or scores.shape[1] != len(entry.items):
+                continue
+            if scores.shape[0] < 2:  # fewer than two judged reports: no spread to prune by, no contrast to draw
                 continue
             spread = score_spread(scores)
             ranked = sorted((j for j in range(len(entry.items)) if spread[j] > 0), key=lambda j: -spread[j])

@@ -6,13 +6,17 @@ rubric itself. Here, each step ``pairs_per_step`` pairs ``{"id", "prompt", "chos
 (JSONL, validated with ``file:line`` errors) are scored by the evaluator role with the step's rubric,
 exactly as solver reports are (one scoring prompt per pair, report order alternating to cancel
 position bias). The reward is the share of pairs whose chosen report scores higher (a tie counts
-1/2), mixed as ``(1 - w) * agreement + w * appraisal / 10`` when ``appraisal_weight`` w > 0. A failed
+1/2), over the pairs whose evaluation finished: an evaluation cut before a report says nothing about it (a missing
+score read as 0 would make the agreement depend on which report came first), so that pair is left out and counted
+(``evaluator/preference_incomplete_rate``); a step with no finished pair gives no reward. It is mixed as ``(1 - w) * agreement + w * appraisal / 10`` when ``appraisal_weight`` w > 0. A failed
 appraisal (the endpoint's error, an unparsable reply) is counted (``appraisal_failures``) and that step's
-reward is the agreement alone: a failure is never a grade of 0.
+reward is the agreement alone: a failure is never a grade of 0. The pairs a step draws are seeded by the run's
+``seed`` and the step, so two seeds draw differently and a resumed run draws the same.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import random
 from dataclasses import dataclass, field
@@ -52,10 +56,12 @@ class PreferenceReward:
     pairs_per_step: int = 2
     appraisal_weight: float = 0.0  # weight of the LLM appraisal in the hybrid reward (0: agreement only)
     appraisal: dict | None = None  # ChatClient settings for the appraiser (base_url, model, api_key_env, ...)
-    seed: int = 0
+    seed: int = 0  # the run's seed (``seed``): with the step, what the pair draw is seeded by
     group_size: int = 4  # G >= 2: G rubrics per pair, written for its question, trained by GRPO; 1: the step's rubric
     pairs: list[dict] = field(init=False)
     appraisal_failures: int = field(default=0, init=False)  # failed appraisals so far (logged)
+    scored: int = field(default=0, init=False)  # this step's pair evaluations
+    incomplete: int = field(default=0, init=False)  # ... of which did not finish: left out of the reward (logged)
 
     def __post_init__(self) -> None:
         if int(self.group_size) < 1:
@@ -72,17 +78,25 @@ class PreferenceReward:
     def reward(self, step: int, rubric: Rubric, score_pairs, engine=None) -> float:
         """The step's preference reward (collective: rank 0 scores, or every rank with a collective engine).
 
-        ``score_pairs(prompts, report_pairs) -> list[[2][k] scores]`` runs the evaluator's scoring on ``engine``
-        (under ``evaluator.scoring``: one evaluation of the pair, or one per report) and returns each pair's scores.
+        ``score_pairs(prompts, report_pairs) -> list[[2][k] scores | None]`` runs the evaluator's scoring on
+        ``engine`` (under ``evaluator.scoring``: one evaluation of the pair, or one per report) and returns each
+        pair's scores, ``None`` for a pair whose evaluation did not finish (left out, counted). NaN: no pair finished.
         """
         chosen = self.choose(step)
-        value = None
+        out = None
         if D.rank() == 0 or is_collective(engine):
             flips = [i % 2 == 1 for i in range(len(chosen))]  # alternate positions: no position bias
             matrices = score_pairs([p["prompt"] for p in chosen], [ordered(p, f) for p, f in zip(chosen, flips)])
-            agree = [agreement(rubric, rows, flip) for rows, flip in zip(matrices, flips)]
-            value = self.hybrid(sum(agree) / len(agree), rubric, chosen[0])
-        return float(D.broadcast_object(value))
+            agree = [agreement(rubric, rows, flip) for rows, flip in zip(matrices, flips) if rows is not None]
+            value = self.hybrid(sum(agree) / len(agree), rubric, chosen[0]) if agree else math.nan
+            out = (value, len(matrices), len(matrices) - len(agree), self.appraisal_failures)
+        value, self.scored, self.incomplete, self.appraisal_failures = D.broadcast_object(out)
+        return float(value)
+
+    @property
+    def incomplete_rate(self) -> float:
+        """The step's share of pair evaluations that did not finish (NaN before any)."""
+        return self.incomplete / self.scored if self.scored else math.nan
 
     def choose(self, step: int) -> list[dict]:
         """The step's training pairs (seeded by the step, so a resumed run draws the same)."""

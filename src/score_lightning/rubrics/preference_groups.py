@@ -13,6 +13,9 @@ step's ``pairs_per_step`` training pairs:
 4. its advantage is group-normalised over the pair's G rubrics, A_g = (r_g - mean) / (std + eps) (unbiased std,
    as GRPO's); a group whose rewards are all equal teaches nothing (A = 0).
 
+A rubric whose evaluation of the pair did not finish has no reward (its missing score is no 0): that sample leaves
+the group, which is normalised over the rest, and is counted (``evaluator/preference_incomplete_rate``).
+
 These rubric samples are the evaluator's REINFORCE rows for the step (folded like the scoring samples: the loss is
 the mean over them); the step's own rubric, which the solver is scored under, is not trained by the preference
 reward, and ``evaluator/reward`` logs the step's mean agreement. Rank 0 samples and scores (every rank with a
@@ -49,6 +52,12 @@ class PreferenceGroups:
     samples: list[RubricSample] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
     advantages: list[float] = field(default_factory=list)
+    scored: int = 0  # pair evaluations (one per rubric and pair)
+    incomplete: int = 0  # ... that did not finish: their samples left out
+
+    @property
+    def incomplete_rate(self) -> float:
+        return self.incomplete / self.scored if self.scored else math.nan
 
     @property
     def agreement(self) -> float:
@@ -69,7 +78,8 @@ def preference_groups(pref: PreferenceReward, step: int, sample_for: Callable[[s
     """Sample, score and reward G rubrics per training pair (module docstring). Collective.
 
     ``sample_for(question, G)`` writes G rubrics for one question; ``score_pairs(prompts, report_pairs, rubrics)``
-    scores each report pair under its own rubric and returns each pair's ``[2][k]`` scores.
+    scores each report pair under its own rubric and returns each pair's ``[2][k]`` scores, ``None`` where the
+    evaluation did not finish (that sample is left out of its group).
     """
     pairs, g = pref.choose(step), int(pref.group_size)
     out = None
@@ -85,8 +95,13 @@ def preference_groups(pref: PreferenceReward, step: int, sample_for: Callable[[s
         matrices = iter(score_pairs(prompts, reports, rubrics))
         out = PreferenceGroups()
         for pair, flip, group in zip(pairs, flips, groups):
-            rewards = [pref.hybrid(agreement(s.rubric, next(matrices), flip), s.rubric, pair) for s in group]
-            out.samples.extend(group)
+            finished = [(s, rows) for s in group if (rows := next(matrices)) is not None]
+            rewards = [pref.hybrid(agreement(s.rubric, rows, flip), s.rubric, pair) for s, rows in finished]
+            out.samples.extend(s for s, _ in finished)
             out.rewards.extend(rewards)
             out.advantages.extend(group_advantages(rewards, eps))
-    return D.broadcast_object(out)
+            out.scored += len(group)
+            out.incomplete += len(group) - len(finished)
+    out = D.broadcast_object(out)
+    pref.scored, pref.incomplete = out.scored, out.incomplete  # what the step logs
+    return out

@@ -9,6 +9,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 from score_lightning import distributed as D
 from score_lightning.rewards.functions import EMABaseline
 from score_lightning.step import evaluator_reward as ER
@@ -28,18 +30,23 @@ class EvaluatorSignal:
 
 def sample_rewards(kind: str, ro: StepRollouts, rw: StepRewards, sc: StepScalars, num_reports: int,
                    invalid_reward: float, preference: Callable[[], float] | None = None) -> tuple[list[float | None], float]:
-    """Each rubric sample's R_eval under ``evaluator.reward``, and the pooled consistency (always logged)."""
+    """Each rubric sample's R_eval under ``evaluator.reward``, and the pooled consistency (always logged).
+
+    The score-based kinds read judged reports only: an unjudged report's row of zeros is no score."""
     sc.consistency.update(ER.valid_conclusion_groups(rw.answers, num_reports))
+    judged = ER.judged_reports(rw)
     if kind == "discriminative":
         sc.mean("evaluator/discriminative", 0.0, 0)  # every rank creates the tag, even with no valid group to spread
-        for spread in ER.group_spreads(rw.rubric_part, [bool(a.valid and a.answer) for a in rw.answers], num_reports):
-            if spread is not None:  # a query with fewer than two valid reports has no spread to reward
+        for spread in ER.group_spreads(rw.rubric_part, ER.spread_mask(rw.answers, judged), num_reports):
+            if spread is not None:  # a query with fewer than two valid, judged reports has no spread to reward
                 sc.mean("evaluator/discriminative", spread, 1)
     consistency = sc.global_consistency()
     if kind == "consistency":
         global_value = consistency
-    elif kind == "solver_reward":
-        global_value = sc.global_mean_reward()
+    elif kind == "solver_reward":  # the mean reward of the judged reports, pooled over ranks (collective)
+        kept = rw.rewards[torch.tensor(judged, dtype=torch.bool)]
+        total, count = D.global_sum(float(kept.sum())), D.global_sum(int(kept.numel()))
+        global_value = total / count if count else math.nan
     elif kind == "discriminative":
         global_value = sc.global_value("evaluator/discriminative")
     else:
@@ -51,7 +58,7 @@ def sample_rewards(kind: str, ro: StepRollouts, rw: StepRewards, sc: StepScalars
             value = global_value
         else:
             if local is None:
-                local = ER.per_query_values(kind, rw.answers, rw.rubric_part, rw.rewards, num_reports)
+                local = ER.per_query_values(kind, rw.answers, rw.rubric_part, rw.rewards, num_reports, judged)
             vals = [local[q] for q in queries if local[q] is not None]
             value = sum(vals) / len(vals) if vals else (global_value if kind == "preference" else math.nan)
         out.append(ER.evaluator_reward(kind, sample.valid, value, invalid_reward))

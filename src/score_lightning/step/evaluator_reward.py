@@ -16,6 +16,10 @@
   R_s under the rubric, the directly exploitable signal consistency replaces.
 
 An invalid rubric (the solver used the harness fallback) is rewarded ``invalid_rubric_reward``.
+
+**Only judged reports count.** A report no complete evaluation scored (``StepRewards.judged``: an external judge's
+failed judgement, an evaluation cut before it) has no scores: its row of zeros is a failure, not a score, so the
+discriminative spreads and the ``solver_reward`` means are taken over the judged reports only.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor
 
 from score_lightning.rewards.functions import consistency_over_valid
@@ -52,9 +57,29 @@ def group_spreads(rubric_part: Tensor, valid: Sequence[bool], num_reports: int) 
     return out
 
 
+def judged_reports(rw) -> list[bool]:
+    """Per report: a complete evaluation scored it (every report when the step has no such record)."""
+    return [bool(j) for j in (getattr(rw, "judged", None) or [True] * len(rw.answers))]
+
+
+def spread_mask(answers: Sequence[AnswerParse], judged: Sequence[bool] | None = None) -> list[bool]:
+    """The reports a discriminative spread reads: valid (a(r) > 0, an answer) and judged."""
+    judged = judged if judged is not None else [True] * len(answers)
+    return [bool(a.valid and a.answer and j) for a, j in zip(answers, judged)]
+
+
+def judged_reward_means(rewards: Tensor, judged: Sequence[bool], num_reports: int) -> list[float | None]:
+    """Per query: the mean solver reward of its judged reports (``None``: none was judged)."""
+    out: list[float | None] = []
+    for row, ok in zip(rewards.view(-1, num_reports).float(), torch.tensor(list(judged)).view(-1, num_reports)):
+        out.append(row[ok].mean().item() if bool(ok.any()) else None)
+    return out
+
+
 def per_query_values(kind: str, answers: Sequence[AnswerParse], rubric_part: Tensor, rewards: Tensor,
-                     num_reports: int) -> list[float | None]:
-    """This rank's per-query evaluator reward (``None``: undefined), for rubrics that belong to one query."""
+                     num_reports: int, judged: Sequence[bool] | None = None) -> list[float | None]:
+    """This rank's per-query evaluator reward (``None``: undefined), for rubrics that belong to one query; the
+    score-based kinds read only the ``judged`` reports (module docstring)."""
     if kind == "consistency":
         out = []
         for start in range(0, len(answers), num_reports):
@@ -63,9 +88,9 @@ def per_query_values(kind: str, answers: Sequence[AnswerParse], rubric_part: Ten
                                               [bool(a.valid and a.answer) for a in group]))
         return out
     if kind == "discriminative":
-        return group_spreads(rubric_part, [bool(a.valid and a.answer) for a in answers], num_reports)
+        return group_spreads(rubric_part, spread_mask(answers, judged), num_reports)
     if kind == "solver_reward":
-        return rewards.view(-1, num_reports).mean(dim=1).tolist()
+        return judged_reward_means(rewards, judged if judged is not None else [True] * len(answers), num_reports)
     return [None] * (len(answers) // num_reports)  # preference: a global value only
 
 

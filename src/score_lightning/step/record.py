@@ -19,12 +19,15 @@ from score_lightning.step.types import StepRollouts
 
 def record_rewards(sc: StepScalars, ro: StepRollouts, rw: StepRewards, num_rollouts: int, verifier_enabled: bool,
                    zero: str) -> None:
-    """Rewards, their decomposition, validity, verification and the groups without a gradient."""
+    """Rewards, their decomposition, validity, verification and the groups without a gradient. The reward means
+    pool the reports whose reward was measured (``StepRewards.rewarded``), the score part the judged ones: an
+    unjudged report's row of zeros is no score (what the meta-harness reads from these tags)."""
     n = len(rw.rewards)
-    sc.reward.update(rw.validity, rw.rubric_part, None, depth=rw.depth if verifier_enabled else None,
-                     min_depth=rw.tau, zero=zero)
-    sc.reward_sq.update(rw.rewards.double() ** 2)
-    valid = rw.validity > 0
+    kept = rw.rewarded
+    sc.reward.update(rw.validity[kept], rw.rubric_part[kept], None,
+                     depth=rw.depth[kept] if verifier_enabled else None, min_depth=rw.tau, zero=zero)
+    sc.reward_sq.update(rw.rewards[kept].double() ** 2)
+    valid = (rw.validity > 0) & rw.scored
     score_term = rw.rubric_part
     if verifier_enabled and zero == "reward":
         score_term = torch.where(rw.verified, score_term, torch.zeros_like(score_term))
@@ -56,10 +59,10 @@ def record_rewards(sc: StepScalars, ro: StepRollouts, rw: StepRewards, num_rollo
 
 
 def record_discrimination(sc: StepScalars, rw: StepRewards) -> None:
-    """Do the evaluator's scores separate valid reports (a(r) = 1) from invalid ones? Over reports whose
+    """Do the evaluator's scores separate valid reports (a(r) = 1) from invalid ones? Over judged reports whose
     scores parsed: the mean sum_j w_j s_j of each side and their difference. Scores that do not
     separate them carry no signal the validity term does not already give."""
-    parsed = torch.tensor(rw.reports_valid, dtype=torch.bool)  # one per report (assemble_rewards)
+    parsed = torch.tensor(rw.reports_valid, dtype=torch.bool) & rw.scored  # one per report (assemble_rewards)
     valid = rw.validity > 0
     for tag, side in (("evaluator/score_valid_reports", parsed & valid), ("evaluator/score_invalid_reports", parsed & ~valid)):
         sc.mean(tag, float(rw.rubric_part[side].sum()), int(side.sum()))
@@ -79,6 +82,8 @@ def record_ranking(sc: StepScalars, ro: StepRollouts, rw: StepRewards, num_rollo
     n = len(rw.answers)
     q = step_qualities(quality, rw.answers, ro, num_rollouts, items_path)
     valid = (rw.validity > 0) & torch.tensor(rw.reports_valid or [False] * n, dtype=torch.bool)
+    if getattr(rw, "scored", None) is not None:  # judged reports only (a hand-made record may not say)
+        valid = valid & rw.scored
     taus, _, _ = group_taus(rw.rubric_part.numpy(), q.numpy(), valid.numpy(), np.arange(n) // num_rollouts)
     sc.mean("evaluator/rank_tau_valid", float(sum(taus.values())), len(taus))
 

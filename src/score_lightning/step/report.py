@@ -48,7 +48,7 @@ def throughput(metrics: dict[str, float]) -> float:
 def report_distributions(trainer, ro: StepRollouts, rw: StepRewards, upd: SolverUpdateResult | None, step: int) -> None:
     """Histograms of reward, advantage, response length and tool calls over the global batch (collective)."""
     local = {
-        "hist/reward": rw.rewards.tolist(),
+        "hist/reward": rw.rewards[rw.rewarded].tolist(),  # a measured reward only: not an unjudged row's zeros
         "hist/advantage": upd.advantages.tolist() if upd is not None else [],
         "hist/response_len": [float(len(t.response_ids)) for t in ro.solver],
         "hist/tool_calls": [float(t.tool_calls) for t in ro.solver],

@@ -121,6 +121,24 @@ class StepRewards:
         return self.incomplete_groups.repeat_interleave(k)
 
     @property
+    def scored(self) -> Tensor:
+        """[N] bool: reports a complete evaluation scored (``judged``). Every consumer of scores reads only these:
+        RLER's spreads and contrast, the discriminative spreads, ``solver_reward``, the score logs."""
+        if not self.judged:
+            return torch.ones(len(self.answers), dtype=torch.bool)
+        return torch.tensor(self.judged, dtype=torch.bool)
+
+    @property
+    def rewarded(self) -> Tensor:
+        """[N] bool: reports whose reward was measured, what the reward logs pool: the scored ones and, under
+        ``on_incomplete=validity``, the unjudged ones too (R = a(r), measured without the evaluator); under
+        ``drop`` and ``neutral`` an unjudged report's R holds zeros for its scores, and it is left out."""
+        out = self.scored | (self.on_incomplete == "validity")
+        if self.dropped:  # a failed citation judgement: no reward at all
+            out = out & ~torch.tensor(self.dropped, dtype=torch.bool)
+        return out
+
+    @property
     def excluded(self) -> Tensor:
         """[N] bool: reports that leave the solver update: unjudged ones under ``on_incomplete=drop`` (an
         external judge's failures among them), and those whose citation judgement failed."""
