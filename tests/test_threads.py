@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -185,20 +186,26 @@ def test_oversubscription_warns():
     assert T.oversubscribed(None, 2, 8) is None
 
 
-def _spinners(n: int) -> list[subprocess.Popen]:
-    """``n`` processes that spin on a core each, started and seen running before this returns."""
-    procs = [subprocess.Popen([sys.executable, "-S", "-c", "while True: pass"]) for _ in range(n)]
+def _spinners(n: int) -> list[int]:
+    """The pids of ``n`` processes that spin on a core each, started and seen running before this returns. Each is
+    started by a shell that exits at once, so it is no child of this process: the reading leaves this process's
+    own children out (they are this run's work), and other work is what these stand for."""
+    pids = []
+    for _ in range(n):
+        out = subprocess.run(["sh", "-c", f"'{sys.executable}' -S -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+                             capture_output=True, text=True, check=True)
+        pids.append(int(out.stdout.strip()))
     deadline = time.time() + 20
-    for p in procs:  # wait until each has run (its CPU time in /proc/<pid>/stat is above 0)
+    for pid in pids:  # wait until each has run (its CPU time in /proc/<pid>/stat is above 0)
         while time.time() < deadline:
-            fields = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             if int(fields[11]) + int(fields[12]) > 0:
                 break
             time.sleep(0.05)
-    return procs
+    return pids
 
 
-@pytest.mark.skipif(not Path("/proc/loadavg").exists(), reason="reads the Linux run queue")
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads the CPUs' busy time in Linux /proc/stat")
 def test_a_busy_process_on_each_core_leaves_auto_one_thread_and_it_says_why(monkeypatch, caplog):
     for var in ("OMP_NUM_THREADS", "RAYON_NUM_THREADS", T._MARK, "LOCAL_WORLD_SIZE", "LOCAL_RANK", "RANK"):
         monkeypatch.setenv(var, "0")
@@ -212,9 +219,8 @@ def test_a_busy_process_on_each_core_leaves_auto_one_thread_and_it_says_why(monk
         with caplog.at_level(logging.INFO, logger="score_lightning.launch.threads"):
             plan = apply_threads(compose([]))
     finally:
-        for p in spinners:
-            p.kill()
-            p.wait()
+        for pid in spinners:
+            os.kill(pid, signal.SIGKILL)
         torch.set_num_threads(before)
     assert plan.threads == 1
     lines = [r.getMessage() for r in caplog.records if r.name == "score_lightning.launch.threads"]
