@@ -36,7 +36,7 @@ from score_lightning.step.faults import FaultMonitor
 from score_lightning.step.record import record_ranking, record_rewards, record_rollouts, record_solver_update
 from score_lightning.step.report import global_values, report_distributions, report_texts, throughput
 from score_lightning.step.generation import GenerationHooks, stamp_policy_version
-from score_lightning.step.judge_scoring import check_judgements, configure_limits, uses_judge
+from score_lightning.step.judge_scoring import check_judgements, uses_judge
 from score_lightning.step.judged_rows import judged_view
 from score_lightning.step.prefetch import RolloutPrefetcher, record_async
 from score_lightning.step.reward_assembly import RewardSettings, StepRewards
@@ -67,7 +67,6 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Pr
         self.save_hyperparameters({"cfg": OmegaConf.to_container(cfg, resolve=True), "model_path": model_path,
                                    "tokenizer_path": tokenizer_path or model_path})
         self.cfg, self.model_path = cfg, model_path
-        configure_limits(cfg)  # judge.max_concurrency / requests_per_minute: every external chat call of this process
         from score_lightning.policy.models import load_tokenizer
 
         self.tokenizer = load_tokenizer(tokenizer_path or model_path, chat_template=cfg.model.get("chat_template"))

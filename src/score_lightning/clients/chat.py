@@ -12,12 +12,16 @@ Two kinds of retry, kept apart on purpose:
 
 **Limits.** Every call goes through a :class:`~score_lightning.clients.limiter.Limiter` (the process's
 shared one unless the client is given its own): a slot while it is in flight, a requests-per-minute token per
-HTTP request. ``timeout_s`` is each HTTP request's timeout; ``deadline_s`` (the LLM judge sets it to its
-``judge.timeout_s``) is a call's hard deadline: whatever the server does (hangs, trickles bytes, asks for a
-long ``Retry-After``), :meth:`ChatClient.complete` returns or fails within ``deadline_s`` of its first request
-being sent, and no SDK retry starts after it. The request still open at the deadline keeps its slot until its
-own timeout ends it, so the limiter's count stays what the server sees. Without ``deadline_s`` a call ends
-when the SDK's attempts (each bounded by ``timeout_s``) do.
+HTTP request. A call waits at most the limiter's ``queue_timeout_s`` for its slot and first token, else it
+fails as ``queue_timeout`` (nothing was sent). ``timeout_s`` bounds each HTTP request whole, from sending it
+to the last byte of its reply (a server that trickles its body byte by byte is cut there, as a timeout the SDK
+may retry); ``deadline_s`` (the LLM judge sets it to its ``judge.timeout_s``) is a call's hard deadline:
+whatever the server does (hangs, trickles bytes, asks for a long ``Retry-After``), :meth:`ChatClient.complete`
+returns or fails within ``deadline_s`` of its first request being sent, and no SDK retry starts after it.
+The slot is held until the call's thread has ended its request, so the limiter's count stays what the server
+sees: a body still arriving at the deadline is dropped at its next chunk, and every read waits at most the time
+left when its request was sent. Without ``deadline_s`` a call ends when the SDK's attempts (each bounded by
+``timeout_s``) do.
 
 A request that still fails is reported as a :class:`ChatOutcome` with an error *kind*, never
 raised: the callers (a training run, an evaluation over hundreds of articles) must go on.
@@ -25,6 +29,7 @@ raised: the callers (a training run, an evaluation over hundreds of articles) mu
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import re
@@ -45,6 +50,11 @@ log = logging.getLogger(__name__)
 PLACEHOLDER_API_KEY = "EMPTY"
 
 T = TypeVar("T")
+
+#: the HTTP library the ``openai`` SDK is built on (``httpx``; ``httpx2`` in newer SDKs): the reply-body wrapper
+#: below must be its stream type, and a timeout its exception, for the SDK to close and retry as usual
+_HTTP = importlib.import_module(
+    next(c for c in openai.DefaultHttpxClient.__mro__[1:] if c.__name__ == "Client").__module__.partition(".")[0])
 
 
 class ReplyError(ValueError):
@@ -95,9 +105,32 @@ class _Call:
 
     def __init__(self) -> None:
         self.deadline = float("inf")
+        self.request_end = float("inf")  # the request in flight: min(its send + timeout_s, the deadline)
         self.cancelled = False
         self.requests = 0
         self.admitted = False  # the first request's rate token was taken before the clock started
+
+    def over(self) -> bool:
+        return self.cancelled or time.monotonic() >= self.deadline
+
+
+class _BoundedBody(_HTTP.SyncByteStream):  # type: ignore[name-defined,misc]
+    """A reply body that ends at its request's end: a server trickling bytes cannot hold the call (and its
+    slot) past it. Past the call's deadline it stops the call (no retry); past ``timeout_s`` it is a timeout."""
+
+    def __init__(self, stream: Any, call: _Call) -> None:
+        self._stream, self._call = stream, call
+
+    def __iter__(self) -> Any:
+        for chunk in self._stream:
+            if self._call.over():
+                raise _Cancelled()
+            if time.monotonic() >= self._call.request_end:
+                raise _HTTP.ReadTimeout("the reply's body did not end within timeout_s of the request")
+            yield chunk
+
+    def close(self) -> None:
+        self._stream.close()
 
 
 class ChatClient:
@@ -155,24 +188,38 @@ class ChatClient:
                 self._client = openai.OpenAI(
                     base_url=self.base_url, api_key=self.api_key or PLACEHOLDER_API_KEY,
                     timeout=self.timeout_s, max_retries=self.max_retries,
-                    http_client=openai.DefaultHttpxClient(event_hooks={"request": [self._count_request]}),
+                    http_client=openai.DefaultHttpxClient(event_hooks={"request": [self._count_request],
+                                                                       "response": [self._bound_body]}),
                 )
             return self._client
 
     def _count_request(self, request: Any) -> None:
         """httpx event hook: runs once per HTTP request (each SDK retry too), in the call's thread. It takes the
-        request's rate token and stops the SDK from retrying past the call's deadline."""
+        request's rate token, stops the SDK from retrying past the call's deadline, and caps every timeout of
+        the request (connect, write, each read) at the time it has left."""
         call: _Call | None = getattr(self._local, "call", None)
         if call is not None:
             if call.admitted:
                 call.admitted = False
             elif call.cancelled or not self.limiter.admit(deadline=call.deadline):
                 raise _Cancelled()
-            if call.cancelled or time.monotonic() >= call.deadline:
+            if call.over():
                 raise _Cancelled()
+            now = time.monotonic()
+            call.request_end = min(now + self.timeout_s, call.deadline)
+            left = call.request_end - now
+            timeouts = {"connect": None, "read": None, "write": None, "pool": None,
+                        **(request.extensions.get("timeout") or {})}
+            request.extensions["timeout"] = {k: left if v is None else min(float(v), left) for k, v in timeouts.items()}
             call.requests += 1
         with self._lock:
             self.num_requests += 1
+
+    def _bound_body(self, response: Any) -> None:
+        """httpx event hook, once the reply's headers are in: its body must end by the request's end."""
+        call: _Call | None = getattr(self._local, "call", None)
+        if call is not None:
+            response.stream = _BoundedBody(response.stream, call)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -228,33 +275,39 @@ class ChatClient:
         """``chat.completions.create`` in a thread of its own, holding a limiter slot, within the deadline.
 
         The clock starts when the slot is held and the first request is admitted (a wait for a slot or a rate
-        token is the process's queue, not the server's latency). At the deadline the caller gets a timeout;
-        the thread ends when the request in flight does (its own timeout bounds it) and sends no retry.
+        token is the process's queue, not the server's latency); that wait ends at the limiter's
+        ``queue_timeout_s`` as a ``queue_timeout``. At the deadline the caller gets a timeout; the thread ends
+        when the request in flight does (bounded by the deadline, see :class:`_BoundedBody`), sends no retry,
+        and gives the slot back.
         """
-        call, started, done, box = _Call(), threading.Event(), threading.Event(), {}
-        client = self.client
+        call, done, box = _Call(), threading.Event(), {}
+        client, limiter = self.client, self.limiter
+        queue_end = time.monotonic() + limiter.queue_timeout_s
+        if not limiter.acquire(deadline=queue_end):
+            raise _Failure("queue_timeout", f"queue timeout: no free slot of {limiter.max_concurrency} for a call "
+                                            f"to {self.url} within {limiter.queue_timeout_s:g}s", semantic=False)
+        if not limiter.admit(deadline=queue_end):
+            limiter.release()
+            raise _Failure("queue_timeout", f"queue timeout: no request to {self.url} allowed by "
+                                            f"requests_per_minute={limiter.requests_per_minute} within "
+                                            f"{limiter.queue_timeout_s:g}s", semantic=False)
+        call.admitted = True
+        if self.deadline_s is not None:
+            call.deadline = time.monotonic() + self.deadline_s
 
         def run() -> None:
+            self._local.call = call
             try:
-                with self.limiter.slot():
-                    self.limiter.admit()
-                    call.admitted = True
-                    if self.deadline_s is not None:
-                        call.deadline = time.monotonic() + self.deadline_s
-                    started.set()
-                    self._local.call = call
-                    try:
-                        box["value"] = client.chat.completions.create(**kwargs)
-                    except _Cancelled:
-                        pass
-                    except BaseException as exc:  # re-raised in the caller's thread
-                        box["error"] = exc
+                box["value"] = client.chat.completions.create(**kwargs)
+            except _Cancelled:
+                pass
+            except BaseException as exc:  # re-raised in the caller's thread
+                box["error"] = exc
             finally:
-                started.set()
+                limiter.release()
                 done.set()
 
         threading.Thread(target=run, name="chat-call", daemon=True).start()
-        started.wait()
         t0 = time.monotonic()
         finished = done.wait(timeout=None if self.deadline_s is None else max(call.deadline - t0, 0.0))
         self._local.latency = getattr(self._local, "latency", 0.0) + (time.monotonic() - t0)
@@ -275,7 +328,7 @@ class ChatClient:
 
         ``parse`` raises ``ValueError`` (e.g. :class:`ReplyError`) for an invalid reply; the re-ask asks for
         ``expect`` ("Reply again with <expect> only"). Never raises
-        for backend failures: they come back as ``ChatOutcome.error`` (``timeout``, ``connection``,
+        for backend failures: they come back as ``ChatOutcome.error`` (``timeout``, ``queue_timeout``, ``connection``,
         ``http_<status>``, ``bad_response``, ``truncated``, ``unparseable``, or a :class:`ReplyError`'s ``kind``).
         """
         out = ChatOutcome()

@@ -2,9 +2,10 @@
 over one OpenAI-compatible endpoint, and an honest account of what failed.
 
 Each judgement is :meth:`ChatClient.ask <score_lightning.clients.chat.ChatClient.ask>`: a chat call under the
-process's limiter (``judge.max_concurrency`` in flight, ``judge.requests_per_minute``), with a hard deadline
-of ``judge.timeout_s`` per call, the SDK's transport retries and the re-asks of an unusable reply
-(``judge.max_retries`` each). Its result is a value or an error kind (``timeout``, ``connection``,
+process's limiter (its share of the run's ``judge.max_concurrency`` in flight and ``judge.requests_per_minute``,
+at most ``judge.queue_timeout_s`` waiting for a slot), with a hard deadline of ``judge.timeout_s`` per call,
+the SDK's transport retries and the re-asks of an unusable reply (``judge.max_retries`` each). Its result is a
+value or an error kind (``timeout``, ``queue_timeout``, ``connection``,
 ``http_<status>``, ``bad_response``, ``truncated``, ``unparseable``, and ``invalid``: a reply that parsed but broke
 one of the caller's rules, its reason kept), never a score: what a failed judgement means for a reward is the
 caller's decision (the step leaves that report out of its group).
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from score_lightning.clients.chat import ChatClient, ChatOutcome
-from score_lightning.clients.limiter import Limiter, configure_limiter
+from score_lightning.clients.limiter import Limiter
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,8 @@ class JudgeSettings:
     base_url: str
     model: str
     api_key_env: str | None = "OPENAI_API_KEY"  # the variable holding the key (unset: a placeholder key)
-    max_concurrency: int = 8  # calls in flight, shared by every caller in the process
-    requests_per_minute: int = 0  # 0: unlimited
+    max_concurrency: int = 8  # calls in flight for the whole run (each process configures its share of it)
+    requests_per_minute: int = 0  # 0: unlimited; the whole run's, like max_concurrency
     timeout_s: float = 60.0  # each call's hard deadline (and each HTTP request's timeout)
     max_retries: int = 2  # SDK transport retries, and re-asks of an unusable reply
     max_failed_rate: float = 0.5  # a step whose failed share exceeds this stops the run
@@ -57,13 +58,12 @@ Request = tuple[list[dict[str, str]], Callable[[str], Any]] | tuple[list[dict[st
 
 
 class LLMJudge:
-    """One judge endpoint. ``judge`` runs a batch of requests concurrently; the process's limiter, which
-    this judge configures from its settings, bounds them together with every other chat call."""
+    """One judge endpoint. ``judge`` runs a batch of requests concurrently; the process's limiter (configured
+    with this process's share of the run's limits before the first call) bounds them together with every
+    other chat call."""
 
     def __init__(self, settings: JudgeSettings, limiter: Limiter | None = None) -> None:
         self.settings = settings
-        if limiter is None:
-            configure_limiter(settings.max_concurrency, settings.requests_per_minute)
         key = os.environ.get(settings.api_key_env) if settings.api_key_env else None
         self.chat = ChatClient(settings.base_url, settings.model, key, timeout_s=settings.timeout_s,
                                max_retries=settings.max_retries, temperature=settings.temperature,
@@ -78,7 +78,7 @@ class LLMJudge:
         """Every request's outcome, in order (never raises for a backend failure)."""
         if not requests:
             return []
-        workers = max(1, min(len(requests), self.settings.max_concurrency))
+        workers = max(1, min(len(requests), self.limiter.max_concurrency))  # this process's share
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="judge") as pool:
             return list(pool.map(lambda r: self.chat.ask(*r), requests))
 

@@ -39,7 +39,10 @@ class BuildingHooks:
 
     def setup(self, stage: str) -> None:
         from score_lightning.retrieval.from_config import retriever_from_config
+        from score_lightning.step.judge_scoring import configure_limits
 
+        # this process's share of the run's judge.max_concurrency / requests_per_minute (ranks are known from here)
+        configure_limits(self.cfg, self.trainer.global_rank, self.trainer.world_size)
         if self.retriever is None:
             self.retriever = retriever_from_config(self.cfg.retriever, self.cfg.paths.cache_dir)
         if self.prefetch is not None:  # rollout.mode=async: the worker loads its engines while the trainer sets up

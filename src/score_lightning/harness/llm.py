@@ -136,7 +136,7 @@ class LLMHarness:
             content, state, allow_pool_edits=self.allow_pool_edits, max_pool_size=self.max_pool_size))
         if out.ok:
             return out.value
-        transport = out.error in ("timeout", "connection") or str(out.error).startswith("http_")
+        transport = out.error in ("timeout", "queue_timeout", "connection") or str(out.error).startswith("http_")
         self.failures += 1
         self.last_error = out.detail if transport else f"invalid reply: {out.detail}"
         log.warning("meta-harness refresh failed (%s); keeping constraints version %d", self.last_error, state.version)

@@ -108,7 +108,7 @@ class WorkerHost(GenerationHooks):
         self.spec = spec
         from score_lightning.step.judge_scoring import configure_limits
 
-        configure_limits(cfg)  # this process's external chat calls (the judge, the rubric writer) share these limits
+        configure_limits(cfg, 0, 1, worker=True)  # the worker's share of the run's limits (one training process)
         self.K = int(cfg.solver.num_rollouts)
         self.score_step = 0
         self.tokenizer = load_tokenizer(spec.tokenizer_path, chat_template=cfg.model.get("chat_template"))

@@ -49,17 +49,32 @@ def uses_judge(cfg) -> bool:
     return str(cfg.evaluator.get("source", "policy")) == "external" or bool(citation.get("enabled", False))
 
 
-def configure_limits(cfg) -> None:
-    """This process's limits on every external chat call (judge, meta-harness, rubric writer, appraisal), from
-    ``judge.max_concurrency`` and ``judge.requests_per_minute``; a process calls it before its first request."""
-    from score_lightning.clients.limiter import configure_limiter
+def configure_limits(cfg, rank: int, world_size: int, worker: bool = False) -> None:
+    """This process's limits on every external chat call (judge, meta-harness, rubric writer, appraisal): its
+    share of the run's ``judge.max_concurrency`` and ``judge.requests_per_minute``, split among the processes
+    that make calls (the ``world_size`` training processes, and the rollout worker under ``rollout.mode=async``,
+    which counts after them), so that the endpoint sees the run's limits with no traffic between processes. A
+    process calls it before its first request."""
+    from omegaconf import OmegaConf
 
-    if cfg.get("judge") is not None:
-        configure_limiter(int(cfg.judge.max_concurrency), int(cfg.judge.get("requests_per_minute", 0)))
+    from score_lightning.clients.limiter import configure_limiter, process_share
+
+    if cfg.get("judge") is None:
+        return
+    processes = int(world_size) + (1 if OmegaConf.select(cfg, "rollout.mode") == "async" else 0)
+    index = int(world_size) if worker else int(rank)
+    j = cfg.judge
+    total, rpm = int(j.max_concurrency), int(j.requests_per_minute)
+    short = total < processes or 0 < rpm < processes  # refused by config validation when the judge is used
+    notice = (f"judge.max_concurrency={total} / judge.requests_per_minute={rpm} are the run's limits, below the "
+              f"{processes} processes that may make external chat calls: each still gets 1, so the run may exceed "
+              "them") if short else ""
+    configure_limiter(process_share(total, index, processes), process_share(rpm, index, processes),
+                      float(j.queue_timeout_s), notice)
 
 
 def judge_from_cfg(cfg) -> LLMJudge:
-    """The run's judge (the ``judge`` group); it sets the process's limits on every external chat call."""
+    """The run's judge (the ``judge`` group), under the process's limits (:func:`configure_limits`)."""
     from omegaconf import OmegaConf
 
     return LLMJudge(JudgeSettings.from_cfg(OmegaConf.to_container(cfg.judge, resolve=True)))

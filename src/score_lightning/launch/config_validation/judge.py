@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from score_lightning.launch.config_validation.topology import data_parallel_size
 from score_lightning.launch.config_validation.values import BOOL, Checks, integer, number, one_of
 
 
@@ -23,8 +24,10 @@ def check_judge(c: Checks) -> None:
     c("judge.base_url", lambda v: isinstance(v, str) and v.startswith(("http://", "https://")),
       "an http(s):// URL of an OpenAI-compatible API (e.g. http://127.0.0.1:8001/v1)")
     c("judge.model", lambda v: isinstance(v, str) and bool(v.strip()), "the model name the endpoint serves")
-    c("judge.max_concurrency", integer(1), "an integer >= 1 (calls in flight, shared by every caller)")
+    c("judge.max_concurrency", integer(1), "an integer >= 1 (calls in flight in the whole run, shared by every caller)")
     c("judge.requests_per_minute", integer(0), "an integer >= 0 (0: unlimited)")
+    c("judge.queue_timeout_s", number(0.0, lo_open=True), "a number > 0 (seconds a call may wait for a free slot)")
+    check_shares(c)
     c("judge.timeout_s", number(0.0, lo_open=True), "a number > 0 (seconds: each call's hard deadline)")
     c("judge.max_retries", integer(0, 10), "an integer in [0, 10]")
     c("judge.max_failed_rate", number(0.0, 1.0), "a number in [0, 1] (a step above it stops the run)")
@@ -42,3 +45,25 @@ def check_judge(c: Checks) -> None:
     if c.get("evaluator.score_readout") == "expected":
         c.add("evaluator.score_readout=expected reads the policy's own value distribution; an external judge "
               "writes its values: use evaluator.score_readout=sampled")
+
+
+def calling_processes(c: Checks) -> tuple[int, str]:
+    """The processes that make external chat calls, as ``step/judge_scoring.configure_limits`` counts them at run
+    time: every training process (devices x nodes, tensor-parallel ranks included), then the async rollout worker."""
+    training = data_parallel_size(c.cfg)
+    if c.get("strategy.name") in ("ddp", "fsdp"):
+        training *= int(c.get("strategy.tensor_parallel_size") or 1)
+    worker = c.get("rollout.mode") == "async"
+    return training + int(worker), f"{training} training process{'es' if training > 1 else ''}" + (
+        " and the async rollout worker" if worker else "")
+
+
+def check_shares(c: Checks) -> None:
+    """``judge.max_concurrency`` and ``judge.requests_per_minute`` are the run's, split among the processes that make
+    calls: a limit below their number would leave one with no share (it would get 1 and the run would exceed it)."""
+    processes, who = calling_processes(c)
+    for key in ("judge.max_concurrency", "judge.requests_per_minute"):
+        value = c.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value < processes:
+            c.add(f"{key}={value} is the whole run's limit, split among the {processes} processes that make external "
+                  f"chat calls ({who}), and each needs a share of at least 1: set {key} >= {processes}")
