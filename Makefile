@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip -q --disable-pip-version-check
 CPU    := -c constraints/cpu.txt
 ARGS   ?=
 
-.PHONY: setup train test test-multiprocess test-vllm test-slow vllm-cpu bench clean
+.PHONY: setup train test test-multiprocess test-golden test-vllm test-slow vllm-cpu bench clean
 
 setup: $(VENV)/.installed
 
@@ -43,6 +43,11 @@ test-vllm: vllm-cpu
 # the tests with two or more training processes (~6 min): out of `make test` to keep it short, run by CI
 test-multiprocess: setup
 	$(PY) -m pytest -m "multiprocess and not slow and not gpu and not vllm" $(ARGS)
+
+# the golden runs (~20 s each on an idle core): every CPU experiment's 3 steps at seed 0 against its record in
+# tests/data/golden, and the resume of a checkpoint written before the redesign (docs/DEVELOPING.md)
+test-golden: setup
+	OMP_NUM_THREADS=1 $(PY) -m pytest -m golden $(ARGS)
 
 test-slow: setup
 	$(PY) -m pytest -m slow $(ARGS)
