@@ -210,7 +210,7 @@ def score(args, cfg, policy, state, retriever, pairs):
                       requests=client.num_requests)
         return outcome, record
     from score_lightning.harness.scheduler import DimensionScheduler
-    from score_lightning.rubrics.base import RubricContext
+    from score_lightning.step.rubric_source import RubricContext
 
     policy.load()
     sched = DimensionScheduler(list(state.dimension_pool),

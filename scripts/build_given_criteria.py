@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from score_lightning.data.queries import load_queries  # noqa: E402
-from score_lightning.sft.text import query_entities  # noqa: E402
+from score_lightning.roles.text import query_entities  # noqa: E402
 
 OUT = ROOT / "src" / "score_lightning" / "data" / "assets" / "criteria_tiny.jsonl"
 DIMENSION_WEIGHTS = {"comprehensiveness": 0.3, "insight": 0.3, "instruction_following": 0.25, "readability": 0.15}

@@ -6,7 +6,7 @@
     python scripts/build_preferences.py --pair-set test --pair-set-out DIR/test_pairs.jsonl   # for bench_evaluator
 
 Two pairs per training query, ordered by verifiable ``item_recall``, split 8:1:1 by question
-(:mod:`score_lightning.rubrics.preference_pairs`). Writes the JSONL and ``<name>.manifest.json`` with its sha256
+(:mod:`score_lightning.methods.preference.pairs`). Writes the JSONL and ``<name>.manifest.json`` with its sha256
 digest and the items file's; the same items give the same bytes. Last line: ``pairs=N train=a val=b test=c digest=D``.
 ``--pair-set SPLIT`` (``heldout``: ``val`` and ``test`` together) also writes that split as a ``scripts/bench_evaluator.py`` pair set (all ``valid`` pairs), so
 ``bench_evaluator.py --pair-set FILE`` measures a rubric writer's pairwise accuracy, AUC and Cohen's d on held-out
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from score_lightning.items.format import EMBEDDED_ITEMS_PATH, file_digest, load_items, text_digest  # noqa: E402
-from score_lightning.rubrics.preference_pairs import build_pairs, pairs_text  # noqa: E402
+from score_lightning.methods.preference.pairs import build_pairs, pairs_text  # noqa: E402
 
 DEFAULT_OUT = EMBEDDED_ITEMS_PATH.with_name("preferences.jsonl")
 
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
         json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     if args.pair_set:
         from score_lightning.evaluation.pair_set import write_pair_set
-        from score_lightning.rubrics.preference_pairs import as_pair_set
+        from score_lightning.methods.preference.pairs import as_pair_set
 
         target = Path(args.pair_set_out or out.with_name(f"preferences_{args.pair_set}_pairs.jsonl"))
         held = as_pair_set(pairs, load_items(args.items), args.pair_set)

@@ -22,7 +22,7 @@ the others, each a difference of means with a 95% bootstrap interval over groups
 evaluation); and whether, among a group's valid reports, the scores rank them as the programmatic quality q(r) of
 ``reward.rule_quality`` does (``retrieved_cited`` unless the config sets it; :mod:`score_lightning.rewards.rule`):
 Kendall's tau-b per group, averaged over the groups with two valid reports that are not all tied, with a 95%
-group-bootstrap interval (:mod:`score_lightning.evaluation.score_signal`). One ``key=value`` line per protocol,
+group-bootstrap interval (:mod:`score_lightning.rewards.score_signal`). One ``key=value`` line per protocol,
 rubric and readout. ``--demos N`` first fits N fresh scoring demos teacher-forced
 (:mod:`score_lightning.sft.demo_fit`): whether the model gets the scores right when the verification text is
 given, and whether it writes that text right.
@@ -193,7 +193,7 @@ def _report(protocol: str, rubric: str, readout: str, evals, rubrics, answers, t
     """Among reports whose scores parsed: separation of the rubric-weighted scores (valid vs invalid, and reports
     citing only retrieved ids vs the rest) and their within-group ranking of the valid reports against q(r);
     a ``key=value`` line per protocol, rubric and readout."""
-    from score_lightning.evaluation.score_signal import score_gap, within_group_tau
+    from score_lightning.rewards.score_signal import score_gap, within_group_tau
 
     brng = np.random.default_rng(seed)
     rows = []

@@ -86,13 +86,13 @@ def instrument(meter: StageMeter, patch=setattr) -> None:
     """Wrap the stage functions where the step looks them up (``patch``: ``setattr``, or a test's ``monkeypatch``).
 
     ``ScoreModule.training_step`` calls the updates; the generating stages are the ``GenerationHooks`` of
-    ``step/generation.py``, which look up ``solver_rollouts`` there; the solver update's log-prob passes are
+    ``generation/generator.py``, which look up ``solver_rollouts`` there; the solver update's log-prob passes are
     looked up in ``step/solver_update.py``.
     """
     import torch
 
     import score_lightning.module as M
-    import score_lightning.step.generation as G
+    import score_lightning.generation.generator as G
     import score_lightning.step.solver_update as SU
 
     patch(G, "solver_rollouts", meter.wrap("solver rollouts", G.solver_rollouts))

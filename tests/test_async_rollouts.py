@@ -70,7 +70,7 @@ def test_max_staleness_0_reproduces_sync_bit_for_bit(tmp_path, tiny_ckpt, corpus
 
 @pytest.mark.multiprocess  # 28 s: make test-multiprocess (CI)
 def test_staleness_1_trains_nothing_older_than_one_version(tmp_path, tiny_ckpt, corpus_file):
-    from score_lightning.step.generation import POLICY_VERSION
+    from score_lightning.generation.generator import POLICY_VERSION
 
     rec, used = Recorder(), []
 
@@ -109,13 +109,13 @@ def test_staleness_1_trains_nothing_older_than_one_version(tmp_path, tiny_ckpt, 
 def test_a_batch_older_than_max_staleness_is_regenerated(tmp_path, tiny_ckpt, corpus_file):
     """A checkpoint of a max_staleness=1 run holds step 2's batch of version 1; resumed with max_staleness=0,
     that batch is discarded and step 2 trains a fresh one of version 2."""
-    from score_lightning.step.generation import trajectory_versions
+    from score_lightning.generation.generator import trajectory_versions
 
     common = SCRIPTED + ["rollout.mode=async", "callbacks.model_checkpoint.every_n_steps=1"]
     _run(tmp_path, common + ["trainer.max_steps=2", "rollout.max_staleness=1"])
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)  # the stored batch loads safely
     stored = ckpt["score"]["async_rollouts"]["batch"]
-    from score_lightning.step.batch_codec import decode
+    from score_lightning.generation.batch_codec import decode
 
     assert (decode(stored).step, decode(stored).version) == (2, 1)
     rec = Recorder()
@@ -194,8 +194,8 @@ def test_the_batch_codec_round_trips_a_step_and_refuses_foreign_types(tmp_path, 
     import dataclasses
     import io
 
-    from score_lightning.rollout.async_worker import GeneratedBatch
-    from score_lightning.step.batch_codec import decode, encode
+    from score_lightning.generation.async_worker import GeneratedBatch
+    from score_lightning.generation.batch_codec import decode, encode
 
     rec = Recorder()
     _run(tmp_path, SCRIPTED + ["trainer.max_steps=1"], [rec.callback])

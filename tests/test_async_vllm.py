@@ -46,11 +46,11 @@ def test_the_workers_vllm_weights_equal_the_trainers_after_a_step_boundary(tiny_
 
     from score_lightning.policy.lora import iter_merged_params
     from score_lightning.policy.models import load_policy
-    from score_lightning.rollout.async_worker import WorkerHost, WorkerSpec
+    from score_lightning.generation.async_worker import WorkerHost, WorkerSpec
     from score_lightning.rollout.engine import SamplingParams
     from score_lightning.rollout.vllm_engine import VLLMEngine
     from score_lightning.step.batching import build_token_batch, policy_logprobs
-    from score_lightning.step.prefetch import RolloutPrefetcher
+    from score_lightning.generation.prefetch import RolloutPrefetcher
     from vllm_fixtures import hf_engine
 
     lora = ["model.lora.enabled=true", "model.lora.r=4", "model.lora.alpha=8"] if trains == "lora" else []

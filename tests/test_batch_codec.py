@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from score_lightning.roles.answer import AnswerParse
-from score_lightning.rollout.async_worker import GeneratedBatch
-from score_lightning.step.batch_codec import decode, encode
+from score_lightning.generation.async_worker import GeneratedBatch
+from score_lightning.generation.batch_codec import decode, encode
 
-BATCH = "score_lightning.rollout.async_worker:GeneratedBatch"
+BATCH = "score_lightning.generation.async_worker:GeneratedBatch"
 
 
 def _through_a_checkpoint(value):
@@ -72,6 +72,7 @@ def test_a_field_without_a_default_is_refused_by_class_and_name():
 
 
 def test_a_checkpoint_whose_batch_cannot_be_rebuilt_is_refused_before_anything_loads(tmp_path):
+    from score_lightning.generation.batch_codec import check_stored_batch
     from score_lightning.policy.checkpoint_io import CheckpointError, validate_checkpoint
 
     stored = encode(_batch())
@@ -80,4 +81,4 @@ def test_a_checkpoint_whose_batch_cannot_be_rebuilt_is_refused_before_anything_l
     torch.save({"state_dict": {}, "optimizer_states": [], "loops": {},
                 "score": {"async_rollouts": {"discarded": 0, "batch": stored}}}, path)
     with pytest.raises(CheckpointError, match=r"last\.ckpt.*GeneratedBatch.*'version'"):
-        validate_checkpoint(path)
+        validate_checkpoint(path, check_stored_batch)

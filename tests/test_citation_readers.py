@@ -66,7 +66,7 @@ def test_every_reader_reads_the_cjk_remark_as_citing_doc_1():
     from score_lightning.rewards.citation_claims import report_claims
     from score_lightning.rewards.report_edits import bracketed_ids, drop_citations, replace_citation
     from score_lightning.roles.cited_passages import cited_passages
-    from score_lightning.sft.mams_demos import memory_facts
+    from score_lightning.methods.mams.demos import memory_facts
 
     assert cited_ids(CJK_REMARK) == ("doc-1",) and strip_citations(CJK_REMARK) == "数据(见下)。"
     parsed = parse_answer(f"<answer>{CJK_REMARK}</answer>", retrieved=["doc-1"], require_grounded=True, min_chars=1)

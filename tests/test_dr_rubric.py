@@ -18,10 +18,10 @@ from score_lightning import protocol as P
 from score_lightning.clients.limiter import Limiter
 from score_lightning.retrieval.base import RetrievalError, SearchHit
 from score_lightning.rollout.scripted import ProtocolResponder, ScriptedEngine
-from score_lightning.rubrics.base import RubricContext
-from score_lightning.rubrics.dr_rubric import DeepResearchRubrics, bootstrap_iteration
-from score_lightning.rubrics.items import Item
-from score_lightning.rubrics.research_prompts import DISTIL_SYSTEM, atomic_items, findings_text, observed_passages
+from score_lightning.step.rubric_source import RubricContext
+from score_lightning.methods.drrubric.dr_rubric import DeepResearchRubrics, bootstrap_iteration
+from score_lightning.methods.rler.items import Item
+from score_lightning.methods.rler.research_prompts import DISTIL_SYSTEM, atomic_items, findings_text, observed_passages
 
 
 class Corpus:

@@ -23,8 +23,8 @@ def _rank_main(rank: int, port: int, tokenizer_path: str, out: str) -> None:
     from score_lightning.policy.models import load_tokenizer
     from score_lightning.retrieval.base import RetrievalError, SearchHit
     from score_lightning.rollout.scripted import ProtocolResponder, ScriptedEngine
-    from score_lightning.rubrics.base import RubricContext
-    from score_lightning.rubrics.dr_rubric import DeepResearchRubrics
+    from score_lightning.step.rubric_source import RubricContext
+    from score_lightning.methods.drrubric.dr_rubric import DeepResearchRubrics
 
     class Retriever:
         def __init__(self, down: bool):

@@ -12,8 +12,8 @@ import pytest
 
 from helpers import FAST, compose
 from score_lightning.roles.rubric import Rubric
-from score_lightning.rubrics.preference import PreferenceReward
-from score_lightning.rubrics.preference_groups import PreferenceGroups, group_advantages, preference_groups
+from score_lightning.methods.preference.reward import PreferenceReward
+from score_lightning.methods.preference.groups import PreferenceGroups, group_advantages, preference_groups
 from score_lightning.step.types import RubricSample
 
 DIMS = ("factual_support", "evidence_coverage", "citation_grounding")

@@ -14,8 +14,8 @@ from helpers import FAST, ROOT, read_scalars
 from score_lightning.items.format import EMBEDDED_ITEMS_PATH, load_items, text_digest
 from score_lightning.rewards.citations import cited_ids
 from score_lightning.rewards.items import item_recall
-from score_lightning.rubrics.preference import load_preferences
-from score_lightning.rubrics.preference_pairs import build_pairs, pairs_text
+from score_lightning.methods.preference.reward import load_preferences
+from score_lightning.methods.preference.pairs import build_pairs, pairs_text
 
 PACKAGED = EMBEDDED_ITEMS_PATH.with_name("preferences.jsonl")
 

@@ -207,7 +207,7 @@ def test_sigterm_saves_exits_75_and_resume_completes(tmp_path, tiny_ckpt, mode):
     step = saved["score_step"]
     assert 1 <= step < 40  # the step in flight finished, nothing after it ran
     if mode == "async":
-        from score_lightning.step.batch_codec import decode
+        from score_lightning.generation.batch_codec import decode
 
         batch = decode(saved["async_rollouts"]["batch"])
         assert (batch.step, batch.version) == (step, step - 1)  # the next step's batch, one version behind

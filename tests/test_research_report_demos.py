@@ -24,7 +24,7 @@ from score_lightning.sft.demo_types import SCORING, SOLVER, DemoBudgets, ReportS
 from score_lightning.sft.demos import build_demos
 from score_lightning.sft.research_report import round_robin_findings
 from score_lightning.sft.solver_demos import visible_passages
-from score_lightning.sft.text import _clean
+from score_lightning.roles.text import _clean
 
 #: smol_score's budgets (768 response tokens, 3 searches, 384-token reports, pointwise with sources shown)
 BUDGETS = DemoBudgets.from_cfg(compose(["experiment=smol_score"]))

@@ -29,8 +29,8 @@ def _rank_main(rank: int, port: int, tokenizer_path: str, out: str) -> None:
     from score_lightning.policy.models import load_tokenizer
     from score_lightning.retrieval.base import SearchHit
     from score_lightning.rollout.scripted import ProtocolResponder, ScriptedEngine
-    from score_lightning.rubrics.base import RubricContext
-    from score_lightning.rubrics.evolving import EvolvingRubrics
+    from score_lightning.step.rubric_source import RubricContext
+    from score_lightning.methods.rler.evolving import EvolvingRubrics
 
     class OneHit:
         def search(self, queries, topk):

@@ -18,11 +18,11 @@ from score_lightning.harness.state import HarnessState
 from score_lightning.retrieval.base import SearchHit
 from score_lightning.roles.rubric import Rubric
 from score_lightning.rollout.scripted import ProtocolResponder, ScriptedEngine
-from score_lightning.rubrics.base import RubricContext
-from score_lightning.rubrics.evolving import EvolvingRubrics
+from score_lightning.step.rubric_source import RubricContext
+from score_lightning.methods.rler.evolving import EvolvingRubrics
 from score_lightning.rubrics.given import load_given_rubrics
-from score_lightning.rubrics.items import Item, items_rubric, parse_items
-from score_lightning.rubrics.preference import PreferenceReward
+from score_lightning.methods.rler.items import Item, items_rubric, parse_items
+from score_lightning.methods.preference.reward import PreferenceReward
 
 
 class OneHit:

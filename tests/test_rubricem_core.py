@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from score_lightning.roles.rubricem_prompts import parse_stage_scores, rubricem_messages, stage_judge_messages
-from score_lightning.rollout.stages import stage_spans
-from score_lightning.step.stage_credit import stage_advantages, stage_bonuses
+from score_lightning.methods.rubricem.prompts import parse_stage_scores, rubricem_messages, stage_judge_messages
+from score_lightning.methods.rubricem.stages import stage_spans
+from score_lightning.methods.rubricem.credit import stage_advantages, stage_bonuses
 
 
 def test_stage_scores_parse_every_stage_or_nothing():
@@ -138,7 +138,7 @@ def test_stage_credit_and_reflection_are_refused_where_they_cannot_apply():
 def test_the_reflection_memory_resumes_and_writes_the_best_plan_and_the_weakest_stage():
     import json
 
-    from score_lightning.step.stage_credit import StageCreditSettings, StageCreditStage, reflection
+    from score_lightning.methods.rubricem.credit import StageCreditSettings, StageCreditStage, reflection
 
     texts = ["<plan>A</plan><answer>x</answer>", "<plan>B</plan><answer>y</answer>", "<answer>z</answer>"]
     scores = [{"plan": 0.5, "research": 0.2, "review": 0.6, "answer": 0.9},

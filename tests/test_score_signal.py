@@ -1,11 +1,11 @@
-"""The scoring probe's maths (``score_lightning.evaluation.score_signal``) against hand computations."""
+"""The scoring probe's maths (``score_lightning.rewards.score_signal``) against hand computations."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from score_lightning.evaluation.score_signal import group_taus, score_gap, within_group_tau
+from score_lightning.rewards.score_signal import group_taus, score_gap, within_group_tau
 
 
 def _arrays(groups: list[list[tuple[float, float, bool]]]):

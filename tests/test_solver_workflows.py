@@ -10,16 +10,16 @@ import torch
 
 from score_lightning.step.batching import build_token_batch
 from score_lightning.retrieval.base import SearchHit
-from score_lightning.roles import mams_prompts as M
-from score_lightning.roles.step_judge import StepJudgeError, judgement_train_mask, parse_step_judgement
+from score_lightning.methods.mams import prompts as M
+from score_lightning.methods.arco.judge import StepJudgeError, judgement_train_mask, parse_step_judgement
 from score_lightning.rollout.agent import AgentConfig, run_agent
 from score_lightning.rollout.chat import encode_chat
-from score_lightning.rollout.mams import MamsConfig, run_mams
-from score_lightning.roles.step_judge import step_messages
+from score_lightning.methods.mams.agent import MamsConfig, run_mams
+from score_lightning.methods.arco.judge import step_messages
 from score_lightning.rollout.scripted import ProtocolResponder, ScriptedEngine
 from score_lightning.rollout.search_steps import search_steps
 from score_lightning.step.solver_rows import TokenBonus, token_advantages, training_rows
-from score_lightning.step.step_rewards import agreement, group_step_advantages
+from score_lightning.methods.arco.step_rewards import agreement, group_step_advantages
 
 QUESTION = "How does json.dumps handle indent and sort_keys?"
 

@@ -1,4 +1,4 @@
-"""The HF engine's stored KV caches are dropped at each stage boundary of a step (step/generation.py), and that
+"""The HF engine's stored KV caches are dropped at each stage boundary of a step (generation/generator.py), and that
 changes no computation: no row of one stage could have reused another stage's stored prefix."""
 
 from __future__ import annotations
@@ -9,14 +9,15 @@ from types import SimpleNamespace
 import pytest
 
 from score_lightning.harness.state import HarnessState
-from score_lightning.roles import mams_prompts, step_judge
+from score_lightning.methods.arco import judge as step_judge
+from score_lightning.methods.mams import prompts as mams_prompts
 from score_lightning.roles.prompts import rubric_messages, scoring_messages, solver_messages
 from score_lightning.roles.rubric import fallback_rubric
 from score_lightning.rollout.chat import encode_chat
 from score_lightning.rollout.kv_cache import PrefixStore
 from score_lightning.sft.asset import ASSETS
-from score_lightning.step import generation
-from score_lightning.step.generation import GenerationHooks
+from score_lightning.generation import generator as generation
+from score_lightning.generation.generator import GenerationHooks
 from score_lightning.step.types import StepRubric
 
 QUERY = "How does the json module encode Python objects?"

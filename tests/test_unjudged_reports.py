@@ -301,7 +301,7 @@ def test_a_pair_with_a_cut_evaluation_is_left_out_whichever_report_came_first(gr
 def test_preference_reward_leaves_out_unfinished_pairs_by_hand(tmp_path):
     """The reward path itself: a pair the scorer could not finish (``None``) is no agreement of 0 or 1."""
     from score_lightning.roles.rubric import Rubric
-    from score_lightning.rubrics.preference import PreferenceReward
+    from score_lightning.methods.preference.reward import PreferenceReward
 
     pref = PreferenceReward(_pairs(tmp_path / "p.jsonl", 3), pairs_per_step=3, group_size=1)
     rubric = Rubric(DIMS, (0.5, 0.3, 0.2))

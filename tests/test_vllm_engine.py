@@ -71,7 +71,7 @@ def test_generates_with_logprobs_stop_ids_and_stop_strings(engine, hf_model, tok
 def test_sampled_logprobs_match_trainer_logprobs(engine, hf_model, tokenizer):
     """Engine logprobs are temperature-scaled like the trainer's, so the mismatch metric is ~0 in fp32."""
     from score_lightning.step.batching import build_token_batch, policy_logprobs
-    from score_lightning.callbacks.vllm_rollout import logprob_mismatch
+    from score_lightning.step.rollout_correction import logprob_mismatch
     from score_lightning.rollout.trajectory import Trajectory
 
     engine.sync_weights(iter_full_params(hf_model))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from helpers import compose
-from score_lightning.roles import mams_prompts as M
+from score_lightning.methods.mams import prompts as M
 from score_lightning.roles.answer import parse_answer
-from score_lightning.roles.step_judge import parse_step_judgement
+from score_lightning.methods.arco.judge import parse_step_judgement
 from score_lightning.rollout.agent import parse_search_action
 from score_lightning.sft.demo_types import DemoBudgets
 from score_lightning.sft.demos import build_demos
@@ -69,8 +69,8 @@ def test_workflow_demos_are_valid_and_leave_the_default_kinds_unchanged(tokenize
 def test_item_writing_demos_for_rler_and_drrubric_are_valid_and_shared(tokenizer, bm25, queries):
     """rubric=evolving and rubric=drrubric get the same four item-writing kinds (one cold start for both), each in
     the exact prompt its rubric source sends, every response parsing to items that cite what the prompt showed."""
-    from score_lightning.rubrics.items import ITEMS_SYSTEM, parse_items
-    from score_lightning.rubrics.research_prompts import DISTIL_SYSTEM, RESEARCH_SYSTEM, findings_text
+    from score_lightning.methods.rler.items import ITEMS_SYSTEM, parse_items
+    from score_lightning.methods.rler.research_prompts import DISTIL_SYSTEM, RESEARCH_SYSTEM, findings_text
 
     rler, dr = compose(["experiment=rler_tiny"]), compose(["experiment=drrubric_tiny"])
     spec = WorkflowDemoSpec.from_cfg(rler)
@@ -105,8 +105,8 @@ def test_item_writing_demos_for_rler_and_drrubric_are_valid_and_shared(tokenizer
 def test_rubricem_demos_are_valid_and_leave_the_item_writers_key_alone(tokenizer, bm25, queries):
     """RubricEM's four-stage trajectories and stage judgements, in the RL prompt formats; adding them changed no
     other workflow's key (the item writers' packaged cold start still matches: tests/test_cold_start_asset.py)."""
-    from score_lightning.roles.rubricem_prompts import parse_stage_scores
-    from score_lightning.rollout.stages import stage_spans
+    from score_lightning.methods.rubricem.prompts import parse_stage_scores
+    from score_lightning.methods.rubricem.stages import stage_spans
 
     cfg = compose(["experiment=rubricem_tiny"])
     spec = WorkflowDemoSpec.from_cfg(cfg)

@@ -21,7 +21,7 @@ import torch
 
 from helpers import FAST, ROOT, compose, read_scalars
 from score_lightning.retrieval.base import SearchHit
-from score_lightning.roles.mams_prompts import parse_state
+from score_lightning.methods.mams.prompts import parse_state
 from score_lightning.rollout.scripted import ScriptedEngine, ScriptRequest
 from score_lightning.rollout.scripted_roles import WORKFLOW_ROLES
 from score_lightning.rollout.search_steps import search_steps

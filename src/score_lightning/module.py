@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from score_lightning.glue.building import BuildingHooks
 from score_lightning.glue.outputs import OutputHooks
-from score_lightning.glue.preference import PreferenceHooks
+from score_lightning.methods.preference.hooks import PreferenceHooks
 from score_lightning.glue.run_state import RunStateHooks
 from score_lightning.harness.scheduler import DimensionScheduler
 from score_lightning.harness.state import HarnessState
@@ -35,17 +35,17 @@ from score_lightning.step.dynamic_sampling import EXTRA_STREAM_SEED, DynamicSamp
 from score_lightning.step.faults import FaultMonitor
 from score_lightning.step.record import record_ranking, record_rewards, record_rollouts, record_solver_update
 from score_lightning.step.report import global_values, report_distributions, report_texts, throughput
-from score_lightning.step.generation import GenerationHooks, stamp_policy_version
+from score_lightning.generation.generator import GenerationHooks, stamp_policy_version
 from score_lightning.step.judge_scoring import check_judgements, uses_judge
 from score_lightning.step.judged_rows import judged_view
-from score_lightning.step.prefetch import RolloutPrefetcher, record_async
+from score_lightning.generation.prefetch import RolloutPrefetcher, record_async
 from score_lightning.step.reward_assembly import RewardSettings, StepRewards
 from score_lightning.step.rollouts import RolloutSettings
 from score_lightning.step.samples import step_samples
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.scoring_reward import ScoringRewardStage
 from score_lightning.step.solver_update import GRPOSettings, solver_update
-from score_lightning.step.stage_credit import step_stage_from_cfg
+from score_lightning.methods.rubricem.credit import step_stage_from_cfg
 from score_lightning.step.types import StepRollouts
 from score_lightning.policy.top_layers import update_scope
 
@@ -56,7 +56,7 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Pr
 
     This file is the step; building models, engines and optimisers, the checkpointed run state, and
     logging / halting / export are the hooks of :mod:`score_lightning.glue`; the generating stages
-    (rubric, rollouts, scoring, dynamic sampling) are :class:`~score_lightning.step.generation.GenerationHooks`,
+    (rubric, rollouts, scoring, dynamic sampling) are :class:`~score_lightning.generation.generator.GenerationHooks`,
     which the asynchronous rollout worker runs too.
     """
 
@@ -119,7 +119,7 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Pr
             ro, rw, drawn = self.draw_until_informative(ro, rw)  # solver.dynamic_sampling (a no-op when off)
             stamp_policy_version(ro, self.score_step)
             gen = None
-        else:  # rollout.mode=async: the worker's batch (step/prefetch.py); it starts on the next one before the update
+        else:  # rollout.mode=async: the worker's batch (generation/prefetch.py); it starts on the next one before the update
             gen = self.prefetch.step_batch(self, batch)
             ro, rw, drawn = gen.rollouts, gen.rewards, gen.drawn
             record_async(sc, gen, self.score_step, self.prefetch.discarded)

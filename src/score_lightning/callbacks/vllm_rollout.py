@@ -35,7 +35,7 @@ message.
 tokens of the step's solver trajectories, both taken under the *same* (pre-update) weights: the
 engine's come with the samples, the trainer's are the "old" logprobs ``solver_update`` computes
 before its first optimiser step. It is therefore computed in ``ScoreModule.solver_update`` with
-:func:`logprob_mismatch` (see the hook described there), not here: after ``on_train_batch_end`` the
+:func:`~score_lightning.step.rollout_correction.logprob_mismatch`, not here: after ``on_train_batch_end`` the
 trainer's weights have already moved.
 """
 
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from lightning.pytorch import Callback
@@ -51,32 +51,6 @@ from lightning.pytorch import Callback
 from score_lightning.rollout.vllm_weights import engine_kwargs, push_policy_weights
 
 log = logging.getLogger(__name__)
-
-
-def logprob_mismatch(trajs: Sequence, trainer_lp: torch.Tensor) -> float | None:
-    """Mean |engine - trainer| logprob over model-written response tokens with an engine log-prob (NaN: none).
-
-    ``trainer_lp`` is ``[N, L-1]`` in :func:`~score_lightning.step.batching.build_token_batch` layout
-    (position ``len(prompt) - 1 + j`` scores response token ``j``), computed on the weights that
-    sampled ``trajs``. Trajectories without one engine logprob per response token are skipped.
-    Returns None when nothing is comparable.
-    """
-    total, count = 0.0, 0
-    for i, t in enumerate(trajs):
-        n = len(t.response_ids)
-        if n == 0 or len(t.engine_logprobs) != n:
-            continue
-        start = len(t.prompt_ids) - 1
-        row = trainer_lp[i, start:start + n].detach().float().cpu()
-        if row.numel() < n:
-            continue
-        mask = torch.as_tensor(t.response_mask[:n], dtype=torch.bool)
-        eng = torch.as_tensor(t.engine_logprobs, dtype=torch.float32)
-        mask &= torch.isfinite(eng)
-        diff = (row - eng).abs()[mask]
-        total += float(diff.sum())
-        count += int(mask.sum())
-    return total / count if count else None
 
 
 def _to_dict(cfg: Any) -> dict:
@@ -169,7 +143,7 @@ class VLLMRolloutCallback(Callback):
             self._slept_this_step = True
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.in_worker:  # the worker loads the weights at the step boundary (step/prefetch.py)
+        if self.in_worker:  # the worker loads the weights at the step boundary (generation/prefetch.py)
             return
         dt = self._sync(pl_module)
         pl_module.log("time/weight_sync_s", dt, on_step=True, on_epoch=False, logger=True, batch_size=1)

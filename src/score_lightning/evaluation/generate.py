@@ -54,10 +54,10 @@ from score_lightning.evaluation.settings import describe_diff, settings_diff
 from score_lightning.harness.state import HarnessState
 from score_lightning.roles.prompts import format_rubric, solver_messages
 from score_lightning.roles.rubric import fallback_rubric
-from score_lightning.roles.rubricem_prompts import rubricem_messages
+from score_lightning.methods.rubricem.prompts import rubricem_messages
 from score_lightning.rollout.agent import AgentConfig, run_agent
 from score_lightning.rollout.chat import encode_chat
-from score_lightning.rollout.mams import MamsConfig, run_mams
+from score_lightning.methods.mams.agent import MamsConfig, run_mams
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from score_lightning.harness.state import HarnessState
 from score_lightning.roles.evaluation import EvaluationParse, parse_evaluation
 from score_lightning.roles.prompts import scoring_messages
 from score_lightning.roles.rubric import Rubric, fallback_rubric
-from score_lightning.rubrics.base import RubricContext
+from score_lightning.step.rubric_source import RubricContext
 from score_lightning.step.evaluations import group_evaluations, meets_process_rules
 from score_lightning.step.reward_assembly import RewardSettings, parse_answers, rubric_part
 from score_lightning.step.rollouts import RolloutSettings, initial_evidence, scoring_rollouts, solver_rollouts

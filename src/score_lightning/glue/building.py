@@ -46,7 +46,7 @@ class BuildingHooks:
         if self.retriever is None:
             self.retriever = retriever_from_config(self.cfg.retriever, self.cfg.paths.cache_dir)
         if self.prefetch is not None:  # rollout.mode=async: the worker loads its engines while the trainer sets up
-            from score_lightning.step.prefetch import worker_threads
+            from score_lightning.generation.prefetch import worker_threads
 
             self.prefetch.threads = worker_threads(getattr(self, "thread_plan", None))
             self.prefetch.start(self.trainer.strategy.root_device)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from score_lightning.retrieval.base import Retriever, SearchHit
-from score_lightning.sft.text import STOPWORDS, first_sentence, query_entities, query_keywords
+from score_lightning.roles.text import STOPWORDS, first_sentence, query_entities, query_keywords
 
 #: words that never become a term or a sub-question keyword (besides the question stoplist of sft.text)
 _WEAK = frozenset("""return returns object objects value values given default none true false instance class

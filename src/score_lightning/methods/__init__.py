@@ -1,1 +1,6 @@
-"""Methods beside SCORE, one folder each: a plug-in the step reaches through its registries, never edits."""
+"""The relatives of SCORE as plug-ins, one folder each: importing this package registers them.
+
+The core (the step, rollouts, roles, rewards, policy, harness) never imports this package: it looks a method
+up by the name a config key gives (:mod:`score_lightning.registry`), and the first lookup of an unknown name
+imports this package once. Add a method by adding its folder and one import line below (docs/EXTENDING.md).
+"""

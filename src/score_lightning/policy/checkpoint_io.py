@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
@@ -49,8 +49,11 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
         raise
 
 
-def validate_checkpoint(path: str | os.PathLike) -> None:
-    """Raise :class:`CheckpointError` unless ``path`` is a complete score-lightning checkpoint."""
+def validate_checkpoint(path: str | os.PathLike, check_state: Callable[[Path, Any], None] | None = None) -> None:
+    """Raise :class:`CheckpointError` unless ``path`` is a complete score-lightning checkpoint.
+
+    ``check_state(path, state)`` sees the run state it stores (``ckpt["score"]``): the layers above (the
+    asynchronous batch in flight, say) check their own part there, before any model loads."""
     p = Path(path)
     advice = "delete it and resume from an earlier checkpoint (checkpoints/step-*.ckpt) or start fresh"
     if not p.exists():
@@ -71,19 +74,5 @@ def validate_checkpoint(path: str | os.PathLike) -> None:
     missing = [k for k in needed if k not in data]
     if missing:
         raise CheckpointError(f"ckpt_path={p}: not a complete score-lightning checkpoint (missing {missing}); {advice}")
-    _check_stored_batch(p, data["score"])
-
-
-def _check_stored_batch(p: Path, score: Any) -> None:
-    """Rebuild the batch an asynchronous run had in flight, so one this code cannot resume (a dataclass
-    field added since, without a default) is refused now, not inside the first step."""
-    batch = score.get("async_rollouts", {}).get("batch") if isinstance(score, dict) else None
-    if batch is None:
-        return
-    from score_lightning.step.batch_codec import decode
-
-    try:
-        decode(batch)
-    except (ValueError, TypeError, ImportError, AttributeError) as exc:
-        raise CheckpointError(f"ckpt_path={p}: the batch in flight it stores cannot be rebuilt ({exc}); resume it "
-                              "with the version of score-lightning that wrote it, or start fresh") from exc
+    if check_state is not None:
+        check_state(p, data["score"])

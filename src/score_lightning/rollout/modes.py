@@ -2,8 +2,8 @@
 depends on them (the trainer, the rollout worker, config validation and the budget check).
 
 ``sync`` (the default): each SCORE step generates its own batch, then updates. ``async``: a worker process
-generates step t+1's batch while the trainer updates on step t's (:mod:`score_lightning.step.prefetch`,
-:mod:`score_lightning.rollout.async_worker`), at most ``max_staleness`` policy versions behind.
+generates step t+1's batch while the trainer updates on step t's (:mod:`score_lightning.generation.prefetch`,
+:mod:`score_lightning.generation.async_worker`), at most ``max_staleness`` policy versions behind.
 """
 
 from __future__ import annotations

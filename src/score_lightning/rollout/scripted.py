@@ -33,12 +33,12 @@ _FIRST_QUERY_RE = re.compile(r"Queries:\n1\. (.*?)\n")
 
 def prompt_role(prompt_text: str) -> str:
     """Which of the actor's prompts this is, from its system message."""
-    from score_lightning.roles import mams_prompts as M
+    from score_lightning.methods.mams import prompts as M
     from score_lightning.roles.prompts import POINTWISE_SCORING_SYSTEM, RUBRIC_SYSTEM, SCORING_SYSTEM, SOLVER_SYSTEM
-    from score_lightning.roles.step_judge import STEP_SYSTEM
-    from score_lightning.rubrics.items import ITEMS_SYSTEM
-    from score_lightning.roles.rubricem_prompts import RUBRICEM_SYSTEM, STAGE_JUDGE_SYSTEM
-    from score_lightning.rubrics.research_prompts import DISTIL_SYSTEM, RESEARCH_SYSTEM
+    from score_lightning.methods.arco.judge import STEP_SYSTEM
+    from score_lightning.methods.rler.items import ITEMS_SYSTEM
+    from score_lightning.methods.rubricem.prompts import RUBRICEM_SYSTEM, STAGE_JUDGE_SYSTEM
+    from score_lightning.methods.rler.research_prompts import DISTIL_SYSTEM, RESEARCH_SYSTEM
 
     for role, system in (("rubric", RUBRIC_SYSTEM), ("items", ITEMS_SYSTEM), ("scoring", SCORING_SYSTEM),
                          ("scoring", POINTWISE_SCORING_SYSTEM),

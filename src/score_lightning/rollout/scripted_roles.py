@@ -20,8 +20,8 @@ import re
 from collections.abc import Callable
 
 from score_lightning.rewards.citations import citation_spans, cited_ids
-from score_lightning.roles import mams_prompts as M
-from score_lightning.roles.step_judge import STEP_EVAL_CLOSE, STEP_EVAL_OPEN, STEP_RUBRIC_CLOSE, STEP_RUBRIC_OPEN
+from score_lightning.methods.mams import prompts as M
+from score_lightning.methods.arco.judge import STEP_EVAL_CLOSE, STEP_EVAL_OPEN, STEP_RUBRIC_CLOSE, STEP_RUBRIC_OPEN
 from score_lightning.rollout.script_request import ScriptRequest, report_body
 
 _WORD_RE = re.compile(r"[A-Za-z_.]+")

@@ -3,7 +3,7 @@
 One place for both, used wherever a vLLM engine samples for training: the colocated engine of
 ``rollout.mode=sync`` (:class:`~score_lightning.callbacks.vllm_rollout.VLLMRolloutCallback`) and the
 asynchronous rollout worker's own engine (``rollout.mode=async``,
-:mod:`score_lightning.rollout.async_worker`). Both therefore start the same engine from the same config
+:mod:`score_lightning.generation.async_worker`). Both therefore start the same engine from the same config
 and load weights the same way: every parameter of the policy as (HF name, full tensor), LoRA adapters
 merged into their base weights, streamed into ``reload_weights`` (:meth:`VLLMEngine.sync_weights`).
 """

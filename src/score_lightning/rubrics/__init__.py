@@ -6,7 +6,7 @@
   evaluator after searching, grown from contrasting rollouts and pruned by score spread;
 * ``given``: fixed per-query rubrics from a file (DeepResearch Bench criteria, binary checklists).
 
-``ScoreModule`` calls :class:`~score_lightning.rubrics.base.RubricSource` methods and never branches
+``ScoreModule`` calls :class:`~score_lightning.step.rubric_source.RubricSource` methods and never branches
 on the method's name, so every mode shares the rollout, scoring, verifier, harness and GRPO code and
 the same TensorBoard tags.
 """

@@ -28,7 +28,7 @@ from pathlib import Path
 from score_lightning.data.corpus import DataFormatError, iter_jsonl
 from score_lightning.roles.evidence import EvidenceDoc
 from score_lightning.roles.rubric import Rubric, fallback_rubric
-from score_lightning.rubrics.base import RubricContext
+from score_lightning.step.rubric_source import RubricContext
 from score_lightning.step.types import StepRubric
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from score_lightning.roles.evidence import EvidenceDoc
 from score_lightning.roles.rubric import WEIGHT_SUM_TOL
-from score_lightning.rubrics.base import RubricContext
+from score_lightning.step.rubric_source import RubricContext
 from score_lightning.step.types import StepRubric
 from score_lightning.step.rubric_stage import RubricSampling, sample_step_rubric
 

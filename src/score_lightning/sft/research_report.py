@@ -15,7 +15,7 @@ import random
 from collections.abc import Sequence
 
 from score_lightning.roles.rubric import Rubric
-from score_lightning.sft.text import lower_first, query_entities, query_keywords
+from score_lightning.roles.text import lower_first, query_entities, query_keywords
 
 #: the words a finding's sentence may take from its passage (the short answers take 10)
 REPORT_SENTENCE_WORDS = 20

@@ -29,7 +29,7 @@ from score_lightning.rollout.chat import encode_chat, truncate_text
 from score_lightning.sft.demo_types import KIND_WEIGHTS, SCORING, SCORING_KINDS, Demo
 from score_lightning.sft.rubric_demos import random_rubric, random_state
 from score_lightning.sft.solver_demos import answer_for, claim_count, search_count, solver_plan, visible_evidence
-from score_lightning.sft.text import query_entities, search_queries
+from score_lightning.roles.text import query_entities, search_queries
 
 #: base score per report quality kind (every kind a demo draws has one)
 _BASE_SCORES = {"good": 8, "partial": 6, "no_citation": 4, "fake_citation": 3, "unretrieved_citation": 3,

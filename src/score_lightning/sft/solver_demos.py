@@ -28,7 +28,7 @@ from score_lightning.rollout.chat import encode_chat
 from score_lightning.sft.demo_types import SOLVER, Demo
 from score_lightning.sft.research_report import REPORT_SENTENCE_WORDS, build_report
 from score_lightning.sft.rubric_demos import random_rubric, random_state
-from score_lightning.sft.text import (first_sentence, lower_first, passage_sentences, query_entities, query_keywords,
+from score_lightning.roles.text import (first_sentence, lower_first, passage_sentences, query_entities, query_keywords,
                                       search_queries)
 
 

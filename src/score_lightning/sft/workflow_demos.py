@@ -1,9 +1,9 @@
 """Cold-start demonstrations for the solver workflows and the item-writing rubric sources, added only when the run
 uses them.
 
-``solver.agent=mams`` adds MaMs runs (:mod:`~score_lightning.sft.mams_demos`), ``reward.step=rubric``
-adds step judgements (:mod:`~score_lightning.sft.step_demos`), and ``rubric=evolving`` or ``rubric=drrubric`` add
-RLER's and DR-rubric's item writing (:mod:`~score_lightning.sft.item_demos`; the same demos for both, so
+``solver.agent=mams`` adds MaMs runs (:mod:`~score_lightning.methods.mams.demos`), ``reward.step=rubric``
+adds step judgements (:mod:`~score_lightning.methods.arco.demos`), and ``rubric=evolving`` or ``rubric=drrubric`` add
+RLER's and DR-rubric's item writing (:mod:`~score_lightning.methods.rler.demos`; the same demos for both, so
 ``rler_tiny`` and ``drrubric_tiny`` share one cold start). The default cold start (ReAct, no step
 rewards) is untouched: no demo, seed stream or cache-key input changes for it, so its cached
 checkpoint stays valid. A workflow run's cache key gains :func:`workflow_key_inputs` (the workflow,
@@ -20,14 +20,14 @@ from dataclasses import asdict, dataclass
 
 from omegaconf import OmegaConf
 
-from score_lightning.rollout.mams import MamsConfig
+from score_lightning.methods.mams.agent import MamsConfig
 from score_lightning.sft.demo_types import Demo
-from score_lightning.sft.item_demos import (
+from score_lightning.methods.rler.demos import (
     DISTIL, ITEMS_CONTRAST, ITEMS_INIT, RESEARCH, contrast_group, distil_group, init_group, research_group,
 )
-from score_lightning.sft.mams_demos import mams_group
-from score_lightning.sft.rubricem_demos import RUBRICEM, STAGE_JUDGE, rubricem_group, stage_judge_group
-from score_lightning.sft.step_demos import STEP, step_group
+from score_lightning.methods.mams.demos import mams_group
+from score_lightning.methods.rubricem.demos import RUBRICEM, STAGE_JUDGE, rubricem_group, stage_judge_group
+from score_lightning.methods.arco.demos import STEP, step_group
 
 #: Bump whenever the workflow demonstrations change (only workflow runs' caches are rebuilt).
 WORKFLOW_DEMO_VERSION = 3  # 2: step-judgement prompts show the step's passages; 3: item-writing demos

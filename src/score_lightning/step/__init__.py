@@ -8,7 +8,7 @@ In the order ``ScoreModule.training_step`` calls them (Algorithm 1 of the paper)
    then the evaluator's scoring rollouts (which may search to verify);
 3. :mod:`~score_lightning.step.reward_assembly` - validity, scores, process-constraint gates and
    the reward verifier into the solver rewards s_i^k; with ``reward.step=rubric``,
-   :mod:`~score_lightning.step.step_rewards` - the evaluator's judgement of every search step;
+   :mod:`~score_lightning.methods.arco.step_rewards` - the evaluator's judgement of every search step;
 4. :mod:`~score_lightning.step.solver_update` - Phase 1, GRPO on the shared actor, over the rows of
    :mod:`~score_lightning.step.solver_rows` (a MaMs trajectory trains one row per role call);
 5. :mod:`~score_lightning.step.evaluator_reward` and :mod:`~score_lightning.step.evaluator_update`
@@ -20,8 +20,8 @@ REINFORCE as pure tensor functions), :mod:`~score_lightning.step.rollout_correct
 importance weights, ``optim.rollout_correction``), :mod:`~score_lightning.step.batching` (PPO mini/micro
 batches with an exact global token mean) and :mod:`~score_lightning.step.optimizers` (both roles' AdamW).
 
-Stages 1-3 (and dynamic sampling's draws) are one unit, :mod:`~score_lightning.step.generation`, which the
-trainer runs under ``rollout.mode=sync`` and the rollout worker (:mod:`score_lightning.rollout.async_worker`)
-under ``async``; :mod:`~score_lightning.step.prefetch` is the trainer's side of that, and
-:mod:`~score_lightning.step.batch_codec` stores the batch in flight in a checkpoint.
+Stages 1-3 (and dynamic sampling's draws) are one unit, :mod:`~score_lightning.generation.generator`, which the
+trainer runs under ``rollout.mode=sync`` and the rollout worker (:mod:`score_lightning.generation.async_worker`)
+under ``async``; :mod:`~score_lightning.generation.prefetch` is the trainer's side of that, and
+:mod:`~score_lightning.generation.batch_codec` stores the batch in flight in a checkpoint.
 """

@@ -10,7 +10,7 @@
   value), so a rubric is rewarded for keeping the solver's usable reports apart as the solver improves,
   not for separating them from empty or broken ones, which a(r) already zeroes.
 * ``preference``: R = the share of held-out preference pairs that scoring with the rubric ranks
-  the right way (see :mod:`score_lightning.rubrics.preference`), optionally mixed with an LLM
+  the right way (see :mod:`score_lightning.methods.preference.reward`), optionally mixed with an LLM
   appraisal of the rubric.
 * ``solver_reward`` (the paper's "without consistency reward" ablation): R = the mean solver reward
   R_s under the rubric, the directly exploitable signal consistency replaces.

@@ -76,7 +76,7 @@ def record_ranking(sc: StepScalars, ro: StepRollouts, rw: StepRewards, num_rollo
     pooled as a mean over groups (``evaluator/rank_tau_valid``); the probe's measure, during RL."""
     import numpy as np
 
-    from score_lightning.evaluation.score_signal import group_taus
+    from score_lightning.rewards.score_signal import group_taus
     from score_lightning.step.rule_rewards import step_qualities
 
     n = len(rw.answers)
@@ -125,7 +125,7 @@ def record_solver_update(sc: StepScalars, upd: SolverUpdateResult,
         sc.mean("solver/overlong_penalty", float(upd.overlong.sum()), upd.overlong.numel())
         sc.mean("solver/overlong_rate", float((upd.overlong < 0).sum()), upd.overlong.numel())
     if upd.trainer_logprobs is not None:
-        from score_lightning.callbacks.vllm_rollout import logprob_mismatch
+        from score_lightning.step.rollout_correction import logprob_mismatch
 
         diff = logprob_mismatch(upd.rows, upd.trainer_logprobs)
         sc.mean("rollout/logprob_diff", diff or 0.0, 1.0 if diff is not None else 0.0)

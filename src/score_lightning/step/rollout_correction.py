@@ -215,3 +215,29 @@ def batch_correction(corr: RolloutCorrection, old_logp: Tensor | None, rows: Seq
     w = corr.weights(old_logp, behaviour, mask, sequence_ids)
     sums.update(weight_sums(w))
     return w.weight, sums
+
+
+def logprob_mismatch(trajs: Sequence, trainer_lp: torch.Tensor) -> float | None:
+    """Mean |engine - trainer| logprob over model-written response tokens with an engine log-prob (NaN: none).
+
+    ``trainer_lp`` is ``[N, L-1]`` in :func:`~score_lightning.step.batching.build_token_batch` layout
+    (position ``len(prompt) - 1 + j`` scores response token ``j``), computed on the weights that
+    sampled ``trajs``. Trajectories without one engine logprob per response token are skipped.
+    Returns None when nothing is comparable.
+    """
+    total, count = 0.0, 0
+    for i, t in enumerate(trajs):
+        n = len(t.response_ids)
+        if n == 0 or len(t.engine_logprobs) != n:
+            continue
+        start = len(t.prompt_ids) - 1
+        row = trainer_lp[i, start:start + n].detach().float().cpu()
+        if row.numel() < n:
+            continue
+        mask = torch.as_tensor(t.response_mask[:n], dtype=torch.bool)
+        eng = torch.as_tensor(t.engine_logprobs, dtype=torch.float32)
+        mask &= torch.isfinite(eng)
+        diff = (row - eng).abs()[mask]
+        total += float(diff.sum())
+        count += int(mask.sum())
+    return total / count if count else None

@@ -19,12 +19,12 @@ from score_lightning.roles.cited_passages import cited_passages, corpus_texts, p
 from score_lightning.roles.evidence import EvidenceDoc, evidence_from_hits
 from score_lightning.roles.prompts import format_rubric, scoring_messages, solver_messages
 from score_lightning.roles.rubric import Rubric
-from score_lightning.roles.rubricem_prompts import rubricem_messages
+from score_lightning.methods.rubricem.prompts import rubricem_messages
 from score_lightning.rollout.agent import AgentConfig, run_agent
 from score_lightning.rollout.chat import encode_chat, truncate_text
 from score_lightning.rollout.constrained import ScoringConstraint, text_added_tokens
 from score_lightning.rollout.engine import RolloutEngine
-from score_lightning.rollout.mams import MamsConfig, run_mams
+from score_lightning.methods.mams.agent import MamsConfig, run_mams
 from score_lightning.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)

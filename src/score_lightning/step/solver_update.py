@@ -37,7 +37,7 @@ from score_lightning.step.batching import TokenBatch, build_token_batch, policy_
 from score_lightning.step.loss_variants import (default_buffer_len, loss_scale, overlong_penalty, policy_loss,
                                                 resolve_scale_rewards, scaled_advantages)
 from score_lightning.step.rollout_correction import RolloutCorrection, batch_correction
-from score_lightning.rollout.mams import MamsConfig
+from score_lightning.methods.mams.agent import MamsConfig
 from score_lightning.rollout.trajectory import Trajectory
 from score_lightning.step.solver_rows import TokenBonus, token_advantages, training_rows
 

@@ -27,7 +27,7 @@ class RubricSample:
     train_mask: list[int] | None = None  # 1 on the response tokens up to the end of </dimensions>
     truncated: bool = False
     engine_logprobs: list[float] | None = None  # the engine's log-prob of each response token (rollout_correction)
-    policy_version: int | None = None  # the SCORE steps whose updates the sampling weights held (step/generation.py)
+    policy_version: int | None = None  # the SCORE steps whose updates the sampling weights held (generation/generator.py)
 
     @property
     def sampled(self) -> bool:

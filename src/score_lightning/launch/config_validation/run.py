@@ -92,10 +92,11 @@ def check_files(c: Checks) -> None:
             c.add(f"{key}={value!r}: file not found")
     ckpt = c.get("ckpt_path")
     if ckpt is not None:
+        from score_lightning.generation.batch_codec import check_stored_batch
         from score_lightning.policy.checkpoint_io import CheckpointError, validate_checkpoint
 
         try:
-            validate_checkpoint(str(ckpt))
+            validate_checkpoint(str(ckpt), check_stored_batch)
         except CheckpointError as exc:
             c.add(str(exc))
     from score_lightning.data.corpus import DataFormatError
@@ -118,7 +119,7 @@ def check_files(c: Checks) -> None:
         if not path:
             c.add("evaluator.preferences_path: required with evaluator.reward=preference")
         else:
-            from score_lightning.rubrics.preference import load_preferences
+            from score_lightning.methods.preference.reward import load_preferences
 
             try:
                 load_preferences(path)

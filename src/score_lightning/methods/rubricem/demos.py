@@ -11,14 +11,14 @@ from __future__ import annotations
 import random
 
 from score_lightning import protocol as P
-from score_lightning.roles.rubricem_prompts import (
+from score_lightning.methods.rubricem.prompts import (
     PLAN_CLOSE, PLAN_OPEN, REVIEW_CLOSE, REVIEW_OPEN, STAGE_SCORES_TAG, parse_stage_scores, rubricem_messages,
     stage_judge_messages,
 )
 from score_lightning.rollout.chat import encode_chat
 from score_lightning.sft.context import DemoContext
 from score_lightning.sft.demo_types import Demo, encode
-from score_lightning.sft.item_demos import evidence_items, items_text, query_names, shown_evidence
+from score_lightning.methods.rler.demos import evidence_items, items_text, query_names, shown_evidence
 from score_lightning.sft.solver_demos import answer_for, solver_plan, solver_prompt
 
 RUBRICEM, STAGE_JUDGE = "rubricem", "stage_judge"

@@ -2,7 +2,7 @@
 scoring, the rewards, and dynamic sampling's extra draws).
 
 Why a mixin: the trainer runs it in ``training_step`` under ``rollout.mode=sync``, and the asynchronous
-rollout worker (:mod:`score_lightning.rollout.async_worker`) runs the very same methods in its own
+rollout worker (:mod:`score_lightning.generation.async_worker`) runs the very same methods in its own
 process under ``rollout.mode=async``. One copy of the code is what makes ``rollout.max_staleness=0``
 reproduce synchronous training exactly. A host provides ``cfg``, ``K``, ``engine``, ``evaluator_engine``,
 ``tokenizer``, ``retriever``, ``harness_state``, ``scheduler``, ``rubric_source``, ``rollout_settings``,
@@ -14,7 +14,7 @@ from __future__ import annotations
 from score_lightning import distributed as D
 from score_lightning.roles.cited_passages import corpus_texts
 from score_lightning.rollout.search_steps import shown_passages
-from score_lightning.rubrics.base import RubricContext
+from score_lightning.step.rubric_source import RubricContext
 from score_lightning.step.citation_reward import CitationJudgeSettings, add_citation_reward
 from score_lightning.step.dynamic_sampling import extra_batch, informative_groups, merge_draws, pick_groups
 from score_lightning.step.judge_scoring import external_evaluations, judge_from_cfg

@@ -23,14 +23,14 @@ from score_lightning.retrieval.base import SearchHit
 from score_lightning.rewards.report_edits import drop_citations
 from score_lightning.rollout.agent import AgentConfig, format_observation
 from score_lightning.rollout.chat import encode_chat
-from score_lightning.rubrics.items import ITEMS_CLOSE, ITEMS_OPEN, Item, contrast_messages, init_messages, parse_items
-from score_lightning.rubrics.research_prompts import (
+from score_lightning.methods.rler.items import ITEMS_CLOSE, ITEMS_OPEN, Item, contrast_messages, init_messages, parse_items
+from score_lightning.methods.rler.research_prompts import (
     FINDINGS_CLOSE, FINDINGS_OPEN, distil_messages, observed_passages, research_messages,
 )
 from score_lightning.sft.context import DemoContext
 from score_lightning.sft.demo_types import Demo, encode
 from score_lightning.sft.solver_demos import answer_for, solver_plan, visible_evidence
-from score_lightning.sft.text import first_sentence, query_entities, query_keywords
+from score_lightning.roles.text import first_sentence, query_entities, query_keywords
 
 ITEMS_INIT, ITEMS_CONTRAST, RESEARCH, DISTIL = "items_init", "items_contrast", "research", "distil"
 ITEM_KINDS = (ITEMS_INIT, ITEMS_CONTRAST, RESEARCH, DISTIL)
@@ -67,7 +67,7 @@ def evidence_items(rng: random.Random, names: list[str], evidence: list[tuple[st
 
 
 def items_text(items: list[Item]) -> str:
-    """The items in the format :func:`~score_lightning.rubrics.items.parse_items` reads."""
+    """The items in the format :func:`~score_lightning.methods.rler.items.parse_items` reads."""
     sign = ' sign="-"'
     body = "".join(f'<item weight="{it.weight:.2f}"{sign if it.negative else ""}>{it.text}</item>' for it in items)
     return f"{ITEMS_OPEN}{body}{ITEMS_CLOSE}"
@@ -91,7 +91,7 @@ def _item_demos(ctx: DemoContext, kind: str, prompt: list[int], texts: list[str]
 
 
 def init_group(ctx: DemoContext, rng: random.Random, query: str, n: int) -> list[Demo]:
-    """RLER's first visit: the prompt :class:`~score_lightning.rubrics.evolving.EvolvingRubrics` sends."""
+    """RLER's first visit: the prompt :class:`~score_lightning.methods.rler.evolving.EvolvingRubrics` sends."""
     hits = ctx.retriever.search([query], INIT_PASSAGES)[0]
     evidence = [(h.id, s) for h in hits for s in [_first(h)] if s]
     if not evidence:

@@ -8,7 +8,7 @@ Format (one block; its tags are several tokens in the tiny tokenizer):
 
 *relevance*: how well the query serves the question given the trajectory so far; *novelty*: how much
 it differs from the earlier queries. Whether the step's results were cited in the final report is a
-fact the trainer checks itself (:mod:`score_lightning.step.step_rewards`), not a judgement.
+fact the trainer checks itself (:mod:`score_lightning.methods.arco.step_rewards`), not a judgement.
 The parser never raises: an unusable judgement is a :class:`StepJudgeParse` with ``valid=False`` and
 a :class:`StepJudgeError` naming the first rule it broke.
 """

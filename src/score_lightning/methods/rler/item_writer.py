@@ -1,7 +1,7 @@
 """The evaluator role writing ``<rubric_items>`` blocks: one generation per prompt, with what REINFORCE needs.
 
-Shared by RLER's item writer (:mod:`~score_lightning.rubrics.evolving`) and DR-rubric's distillation
-(:mod:`~score_lightning.rubrics.dr_rubric`), so both train exactly the tokens up to ``</rubric_items>``.
+Shared by RLER's item writer (:mod:`~score_lightning.methods.rler.evolving`) and DR-rubric's distillation
+(:mod:`~score_lightning.methods.drrubric.dr_rubric`), so both train exactly the tokens up to ``</rubric_items>``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from score_lightning.roles.rubric import rubric_token_span
 from score_lightning.rollout.chat import encode_chat
 from score_lightning.rollout.engine import SamplingParams
 from score_lightning.rollout.stops import TagStops
-from score_lightning.rubrics.base import RubricContext
-from score_lightning.rubrics.items import ITEMS_CLOSE
+from score_lightning.step.rubric_source import RubricContext
+from score_lightning.methods.rler.items import ITEMS_CLOSE
 
 #: (prompt ids, response ids, train mask, truncated, engine log-probs) of one written block
 ItemRecord = tuple[list[int], list[int], list[int], bool, "list[float] | None"]

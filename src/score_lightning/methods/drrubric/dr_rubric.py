@@ -38,10 +38,10 @@ from score_lightning.roles.evidence import EvidenceDoc
 from score_lightning.roles.rubric import fallback_rubric
 from score_lightning.rollout.agent import AgentConfig, parse_search_action, run_agent
 from score_lightning.rollout.chat import encode_chat
-from score_lightning.rubrics.base import RubricContext
-from score_lightning.rubrics.item_writer import external_writer, generate_items
-from score_lightning.rubrics.items import Item, checked_items, items_rubric, parse_items
-from score_lightning.rubrics.research_prompts import (
+from score_lightning.step.rubric_source import RubricContext
+from score_lightning.methods.rler.item_writer import external_writer, generate_items
+from score_lightning.methods.rler.items import Item, checked_items, items_rubric, parse_items
+from score_lightning.methods.rler.research_prompts import (
     FINDINGS_CLOSE, atomic_items, distil_messages, findings_text, observed_passages, research_messages,
 )
 from score_lightning.step.types import RubricSample, StepRubric

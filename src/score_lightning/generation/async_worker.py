@@ -7,7 +7,7 @@ would hold the trainer's GIL; a process with its own model copy and its own CPU 
 real (two 1-thread torch processes on 2 cores take ~1.2x one alone, NOTES.md). It is started with
 ``spawn`` (a fork of a process holding OpenMP threads and open files is not safe).
 
-What crosses, and when (:mod:`score_lightning.step.prefetch` is the trainer's side):
+What crosses, and when (:mod:`score_lightning.generation.prefetch` is the trainer's side):
 
 * once: a :class:`WorkerSpec` (the resolved config, the model path, its CPU threads) and, for the HF and
   vLLM engines, shared-memory *slots* holding a copy of each trainable tensor (all weights, the top layers
@@ -40,7 +40,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 from score_lightning.rollout.modes import evaluator_on_vllm
-from score_lightning.step.generation import GenerationHooks, stamp_policy_version
+from score_lightning.generation.generator import GenerationHooks, stamp_policy_version
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class GeneratedBatch:
 
 
 class WorkerHost(GenerationHooks):
-    """The attributes :class:`~score_lightning.step.generation.GenerationHooks` reads, built in the worker."""
+    """The attributes :class:`~score_lightning.generation.generator.GenerationHooks` reads, built in the worker."""
 
     def __init__(self, spec: WorkerSpec):
         from hydra.utils import instantiate

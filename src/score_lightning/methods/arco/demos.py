@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import random
 
-from score_lightning.roles.step_judge import STEP_EVAL_CLOSE, STEP_EVAL_OPEN, STEP_RUBRIC_CLOSE, STEP_RUBRIC_OPEN
-from score_lightning.roles.step_judge import parse_step_judgement, step_messages
+from score_lightning.methods.arco.judge import STEP_EVAL_CLOSE, STEP_EVAL_OPEN, STEP_RUBRIC_CLOSE, STEP_RUBRIC_OPEN
+from score_lightning.methods.arco.judge import parse_step_judgement, step_messages
 from score_lightning.rollout.agent import format_observation
 from score_lightning.rollout.chat import encode_chat
 from score_lightning.rollout.search_steps import observation_body
 from score_lightning.sft.context import DemoContext
 from score_lightning.sft.demo_types import Demo, encode
 from score_lightning.sft.solver_demos import solver_plan
-from score_lightning.sft.text import query_entities, query_keywords
+from score_lightning.roles.text import query_entities, query_keywords
 
 STEP = "step"
 

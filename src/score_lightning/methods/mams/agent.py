@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from score_lightning.protocol import SEARCH_CLOSE
 from score_lightning.retrieval.base import RetrievalError, Retriever, hits_or_failed
-from score_lightning.roles import mams_prompts as M
+from score_lightning.methods.mams import prompts as M
 from score_lightning.rollout.agent import parse_search_action, shown_ids
 from score_lightning.rollout.chat import encode_chat, truncate_text
 from score_lightning.rollout.engine import RolloutEngine, SamplingParams, is_collective

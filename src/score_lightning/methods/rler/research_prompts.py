@@ -2,7 +2,7 @@
 rubric items (Stage II), and the pure helpers that read and reshape what the writer returns.
 
 Stage I ends in ``<findings>…</findings>``: the domain facts, the structure a good answer needs and the failure modes
-the writer's searches turned up. Stage II answers in the RLER item format (:mod:`score_lightning.rubrics.items`), so
+the writer's searches turned up. Stage II answers in the RLER item format (:mod:`score_lightning.methods.rler.items`), so
 the items score exactly as RLER's do.
 """
 
@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 
 from score_lightning import protocol as P
-from score_lightning.rubrics.items import ITEMS_CLOSE, ITEMS_OPEN, Item
+from score_lightning.methods.rler.items import ITEMS_CLOSE, ITEMS_OPEN, Item
 
 FINDINGS_OPEN, FINDINGS_CLOSE = "<findings>", "</findings>"
 

@@ -3,7 +3,7 @@ and with ``evaluator.preference.group_size`` >= 2, write each pair's group of ru
 
 from __future__ import annotations
 
-from score_lightning.rubrics.preference_groups import PreferenceGroups, preference_groups
+from score_lightning.methods.preference.groups import PreferenceGroups, preference_groups
 from score_lightning.step.evaluations import group_evaluations
 from score_lightning.step.rollouts import initial_evidence, scoring_rollouts
 from score_lightning.step.rubric_stage import RubricSampling, fitted_rubric_prompt, sample_rubrics

@@ -36,10 +36,10 @@ from score_lightning import distributed as D
 from score_lightning.rewards.citations import cited_ids
 from score_lightning.roles.evidence import EvidenceDoc
 from score_lightning.roles.rubric import fallback_rubric
-from score_lightning.rubrics.base import RubricContext
-from score_lightning.rubrics.item_writer import external_writer, generate_items
+from score_lightning.step.rubric_source import RubricContext
+from score_lightning.methods.rler.item_writer import external_writer, generate_items
 from score_lightning.step.types import StepRubric
-from score_lightning.rubrics.items import (
+from score_lightning.methods.rler.items import (
     Item, checked_items, contrast_messages, init_messages, items_rubric, parse_items,
 )
 from score_lightning.step.types import RubricSample

@@ -20,7 +20,7 @@ from score_lightning import protocol as P
 from score_lightning.harness.state import HarnessState
 from score_lightning.roles.prompts import CONCLUSION_INSTRUCTION, format_rubric
 from score_lightning.roles.rubric import Rubric
-from score_lightning.rubrics.items import ITEMS_CLOSE, ITEMS_OPEN
+from score_lightning.methods.rler.items import ITEMS_CLOSE, ITEMS_OPEN
 
 PLAN_OPEN, PLAN_CLOSE = "<plan>", "</plan>"
 REVIEW_OPEN, REVIEW_CLOSE = "<review>", "</review>"

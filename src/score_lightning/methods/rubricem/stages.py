@@ -12,7 +12,7 @@ import bisect
 from collections.abc import Callable, Sequence
 
 from score_lightning import protocol as P
-from score_lightning.roles.rubricem_prompts import PLAN_CLOSE, REVIEW_OPEN
+from score_lightning.methods.rubricem.prompts import PLAN_CLOSE, REVIEW_OPEN
 
 
 def stage_spans(response_ids: Sequence[int], decode: Callable[[list[int]], str]) -> dict[str, tuple[int, int]]:

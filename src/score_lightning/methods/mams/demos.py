@@ -1,6 +1,6 @@
 """MaMs demonstrations (``solver.agent=mams``): whole search / state / report runs, one demo per role call.
 
-A run is replayed through the real MaMs loop (:func:`~score_lightning.rollout.mams.run_mams`) with a
+A run is replayed through the real MaMs loop (:func:`~score_lightning.methods.mams.agent.run_mams`) with a
 scripted engine whose answers are written from what each role's prompt shows, so prompts, chunking,
 budgets and token ids are exactly those of an RL rollout:
 
@@ -21,18 +21,18 @@ import random
 import re
 
 from score_lightning.rewards.citations import citation_spans
-from score_lightning.roles import mams_prompts as M
+from score_lightning.methods.mams import prompts as M
 from score_lightning.roles.answer import parse_answer
 from score_lightning.roles.prompts import format_rubric
 from score_lightning.roles.rubric import Rubric, fallback_rubric
-from score_lightning.rollout.mams import MamsConfig, run_mams
+from score_lightning.methods.mams.agent import MamsConfig, run_mams
 from score_lightning.rollout.scripted import ScriptedEngine, ScriptRequest
 from score_lightning.rollout.trajectory import Trajectory
 from score_lightning.sft.context import DemoContext
 from score_lightning.sft.demo_types import Demo
 from score_lightning.sft.rubric_demos import random_rubric, random_state
 from score_lightning.sft.solver_demos import Evidence, build_answer, solver_plan
-from score_lightning.sft.text import first_sentence
+from score_lightning.roles.text import first_sentence
 
 _LINE_RE = re.compile(r"(?:^|\n)\[([^\]\s]+)\] ([^\n]*)")
 _MAX_FACTS = 3

@@ -2,7 +2,7 @@
 
 For each search step j of each solver trajectory (:mod:`score_lightning.rollout.search_steps`), the
 evaluator role writes a short rubric (what a useful next query would achieve here, given the question
-and the earlier searches) and scores the step against it (:mod:`score_lightning.roles.step_judge`).
+and the earlier searches) and scores the step against it (:mod:`score_lightning.methods.arco.judge`).
 
 **Step score** (in [0, 1]): s_j = (relevance/10 + novelty/10 + cited_j) / 3, where relevance and
 novelty are the evaluator's integers and cited_j = 1 when a document the step retrieved is cited
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from score_lightning.rewards.functions import EMABaseline
-from score_lightning.roles.step_judge import STEP_EVAL_CLOSE, judgement_train_mask, parse_step_judgement, step_messages
+from score_lightning.methods.arco.judge import STEP_EVAL_CLOSE, judgement_train_mask, parse_step_judgement, step_messages
 from score_lightning.rollout.chat import encode_chat
 from score_lightning.rollout.engine import RolloutEngine, SamplingParams, is_collective
 from score_lightning.rollout.search_steps import search_steps

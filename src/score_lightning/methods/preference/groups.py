@@ -9,7 +9,7 @@ step's ``pairs_per_step`` training pairs:
 2. each rubric scores the pair as the evaluator scores reports (``evaluator.scoring``; the pair's positions
    alternate from pair to pair);
 3. rubric g's reward is r_g = 1 when the chosen report's rubric-weighted score is higher, 1/2 on a tie, 0 otherwise,
-   mixed with the appraisal as :class:`~score_lightning.rubrics.preference.PreferenceReward` mixes it;
+   mixed with the appraisal as :class:`~score_lightning.methods.preference.reward.PreferenceReward` mixes it;
 4. its advantage is group-normalised over the pair's G rubrics, A_g = (r_g - mean) / (std + eps) (unbiased std,
    as GRPO's); a group whose rewards are all equal teaches nothing (A = 0).
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from score_lightning import distributed as D
 from score_lightning.rollout.engine import is_collective
-from score_lightning.rubrics.preference import PreferenceReward, agreement, ordered
+from score_lightning.methods.preference.reward import PreferenceReward, agreement, ordered
 from score_lightning.step.evaluator_phase import fold_rows
 from score_lightning.step.types import RubricSample
 

@@ -15,7 +15,7 @@ A batch that does not fit the step that takes it (another step or other queries,
 weights; ``rollout/discarded_batches`` counts them. Harness state, scheduler hints and the rubric source's
 state travel with each request, so they reach the worker's prompts with the same delay as the weights.
 
-Checkpoints: saving waits for the batch in flight and stores it (``step/batch_codec.py``), so a resumed run
+Checkpoints: saving waits for the batch in flight and stores it (``generation/batch_codec.py``), so a resumed run
 trains exactly the batch the uninterrupted one would have; batches are not regenerated from older weights,
 which the checkpoint no longer holds.
 """
@@ -32,10 +32,10 @@ import torch
 from multiprocessing.reduction import ForkingPickler
 from omegaconf import OmegaConf
 
-from score_lightning.rollout.async_worker import GeneratedBatch, GenerationRequest, WorkerSpec, worker_main
+from score_lightning.generation.async_worker import GeneratedBatch, GenerationRequest, WorkerSpec, worker_main
 from score_lightning.rollout.modes import max_staleness
-from score_lightning.step import batch_codec
-from score_lightning.step.generation import trajectory_versions
+from score_lightning.generation import batch_codec
+from score_lightning.generation.generator import trajectory_versions
 from score_lightning.step.scalars import StepScalars
 
 log = logging.getLogger(__name__)

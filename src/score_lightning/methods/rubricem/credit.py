@@ -16,16 +16,16 @@ from dataclasses import dataclass
 
 from score_lightning import distributed as D
 from score_lightning import protocol as P
-from score_lightning.roles.rubricem_prompts import (
+from score_lightning.methods.rubricem.prompts import (
     PLAN_CLOSE, PLAN_OPEN, REVIEW_CLOSE, REVIEW_OPEN, STAGES, parse_stage_scores, stage_judge_messages,
 )
 from score_lightning.rollout.chat import encode_chat
 from score_lightning.rollout.engine import RolloutEngine, SamplingParams
-from score_lightning.rollout.stages import stage_spans
+from score_lightning.methods.rubricem.stages import stage_spans
 from score_lightning.rollout.stops import TagStops
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_rows import TokenBonus
-from score_lightning.step.step_rewards import StepJudgement, normalised
+from score_lightning.methods.arco.step_rewards import StepJudgement, normalised
 
 
 def stage_advantages(scores: Sequence[Mapping[str, float] | None], k: int,
@@ -153,7 +153,7 @@ def stage_texts(text: str, max_chars: int, searches: Sequence[str]) -> tuple[str
 
 def step_stage_from_cfg(cfg):
     """``reward.step``: ``stage`` judges RubricEM's stages; ``none`` and ``rubric`` (ARCO) are :class:`StepRewardStage`."""
-    from score_lightning.step.step_rewards import StepRewardStage
+    from score_lightning.methods.arco.step_rewards import StepRewardStage
 
     if str(cfg.reward.get("step", "none")) == "stage":
         return StageCreditStage(StageCreditSettings.from_cfg(cfg))

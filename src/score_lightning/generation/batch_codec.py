@@ -18,12 +18,44 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 _PACKAGE = "score_lightning."
+#: modules that moved since a checkpoint may have been written (the core and plug-ins layout): a stored
+#: dataclass path from before the move is rebuilt from its new home
+MOVED = {
+    "score_lightning.evaluation.score_signal": "score_lightning.rewards.score_signal",
+    "score_lightning.glue.preference": "score_lightning.methods.preference.hooks",
+    "score_lightning.roles.mams_prompts": "score_lightning.methods.mams.prompts",
+    "score_lightning.roles.rubricem_prompts": "score_lightning.methods.rubricem.prompts",
+    "score_lightning.roles.step_judge": "score_lightning.methods.arco.judge",
+    "score_lightning.rollout.async_worker": "score_lightning.generation.async_worker",
+    "score_lightning.rollout.mams": "score_lightning.methods.mams.agent",
+    "score_lightning.rollout.stages": "score_lightning.methods.rubricem.stages",
+    "score_lightning.rubrics.base": "score_lightning.step.rubric_source",
+    "score_lightning.rubrics.dr_rubric": "score_lightning.methods.drrubric.dr_rubric",
+    "score_lightning.rubrics.evolving": "score_lightning.methods.rler.evolving",
+    "score_lightning.rubrics.item_writer": "score_lightning.methods.rler.item_writer",
+    "score_lightning.rubrics.items": "score_lightning.methods.rler.items",
+    "score_lightning.rubrics.preference": "score_lightning.methods.preference.reward",
+    "score_lightning.rubrics.preference_groups": "score_lightning.methods.preference.groups",
+    "score_lightning.rubrics.preference_pairs": "score_lightning.methods.preference.pairs",
+    "score_lightning.rubrics.research_prompts": "score_lightning.methods.rler.research_prompts",
+    "score_lightning.sft.item_demos": "score_lightning.methods.rler.demos",
+    "score_lightning.sft.mams_demos": "score_lightning.methods.mams.demos",
+    "score_lightning.sft.rubricem_demos": "score_lightning.methods.rubricem.demos",
+    "score_lightning.sft.step_demos": "score_lightning.methods.arco.demos",
+    "score_lightning.sft.text": "score_lightning.roles.text",
+    "score_lightning.step.batch_codec": "score_lightning.generation.batch_codec",
+    "score_lightning.step.generation": "score_lightning.generation.generator",
+    "score_lightning.step.prefetch": "score_lightning.generation.prefetch",
+    "score_lightning.step.stage_credit": "score_lightning.methods.rubricem.credit",
+    "score_lightning.step.step_rewards": "score_lightning.methods.arco.step_rewards",
+}
 
 
 def encode(obj: Any, where: str = "batch") -> Any:
@@ -112,9 +144,24 @@ def _dataclass(path: str) -> type:
     module, _, name = path.partition(":")
     if not module.startswith(_PACKAGE):
         raise ValueError(f"refusing to rebuild {path!r}: only score_lightning dataclasses are stored")
-    obj: Any = importlib.import_module(module)
+    obj: Any = importlib.import_module(MOVED.get(module, module))
     for part in name.split("."):
         obj = getattr(obj, part)
     if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):
         raise ValueError(f"{path!r} is not a dataclass")
     return obj
+
+
+def check_stored_batch(path: Path, state: Any) -> None:
+    """Rebuild the batch an asynchronous run had in flight, so one this code cannot resume (a dataclass
+    field added since, without a default) is refused before any model loads, not inside the first step."""
+    from score_lightning.policy.checkpoint_io import CheckpointError
+
+    batch = state.get("async_rollouts", {}).get("batch") if isinstance(state, dict) else None
+    if batch is None:
+        return
+    try:
+        decode(batch)
+    except (ValueError, TypeError, ImportError, AttributeError) as exc:
+        raise CheckpointError(f"ckpt_path={path}: the batch in flight it stores cannot be rebuilt ({exc}); resume it "
+                              "with the version of score-lightning that wrote it, or start fresh") from exc
