@@ -11,6 +11,8 @@ import socket
 
 import pytest
 
+pytestmark = pytest.mark.multiprocess  # two training processes: make test-multiprocess
+
 #: per rank: its queries, its writer's max_items, and whether its retriever is down
 RANKS = {0: (["q1"], 2, False), 1: (["q2", "q3"], 6, True)}
 

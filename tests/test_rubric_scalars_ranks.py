@@ -10,6 +10,8 @@ import json
 import socket
 
 import pytest
+
+pytestmark = pytest.mark.multiprocess  # two training processes: make test-multiprocess
 import torch
 
 #: per rank: (query id, 2 reports' scores on its 3 items); q4's writer fails, so it has no items to score
