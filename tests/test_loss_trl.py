@@ -2,10 +2,9 @@
 
 TRL's ``GRPOTrainer._compute_loss`` is called unbound on a stand-in ``self`` that holds only the attributes
 it reads, with the per-token log-probs handed to it instead of a model forward; nothing of TRL is copied.
-Our side is :mod:`score_lightning.step.loss_variants`: the micro-batch numerator times :func:`loss_scale` with
+Our side is :mod:`score_lightning.step.loss_registry`: the micro-batch numerator times :func:`loss_scale` with
 the counts ``solver_update`` would pass. TRL's ``grpo`` (a per-sequence token mean, the GRPO paper's 1/|o_i|)
-is no ``optim.loss_type`` here (ours keeps the exact token mean of the mini-batch, bit for bit); its value is
-checked against the same per-token loss aggregated by :func:`sequence_token_means`.
+is our ``grpo_seq_mean``; our ``grpo`` keeps the exact token mean of the mini-batch (verl's token-mean).
 """
 
 from __future__ import annotations
@@ -18,7 +17,8 @@ import torch
 
 pytest.importorskip("trl", reason="TRL 1.16 (the test extra) is the reference implementation these tests call")
 
-from score_lightning.step.loss_variants import loss_scale, policy_loss, sequence_token_means  # noqa: E402
+from score_lightning.step.loss_registry import loss_scale, policy_loss  # noqa: E402
+from score_lightning.step.loss_variants import sequence_token_means  # noqa: E402
 from score_lightning.step.losses import clipped_surrogate, k3_kl  # noqa: E402
 
 B, T, MAX_LEN = 4, 7, 12
@@ -86,7 +86,7 @@ def ours(loss_type, logp, old, ref, adv, mask, *, clip_low, clip_high, beta, is_
 
 # our loss_type -> (TRL loss_type, importance_sampling_level, how TRL's clip is spelt)
 CASES = {"dapo": ("dapo", "token"), "bnpo": ("bnpo", "token"), "dr_grpo": ("dr_grpo", "token"),
-         "gspo": ("grpo", "sequence"), "cispo": ("cispo", "token")}
+         "gspo": ("grpo", "sequence"), "cispo": ("cispo", "token"), "grpo_seq_mean": ("grpo", "token")}
 
 
 def compare(loss_type: str, seed: int, beta: float, with_is: bool, bias_kl: bool) -> tuple[float, float]:
@@ -125,21 +125,22 @@ def test_each_variant_equals_trl(loss_type, beta, with_is, bias_kl):
         assert grad != grad or grad <= TOL, (loss_type, seed, grad)  # nan: not defined equal (see compare)
 
 
-def test_trl_grpo_is_the_per_sequence_mean_of_the_same_per_token_loss():
+def test_trl_grpo_is_our_grpo_seq_mean_and_not_our_grpo():
     for seed in range(3):
         logp, old, ref, mask, adv, _ = inputs(seed)
         theirs = trl_loss("grpo", logp, old, ref, adv, mask, eps_low=0.2, eps_high=0.28, beta=0.04)
         pg, _ = clipped_surrogate(logp, old, adv, clip_low=0.2, clip_high=0.28)
-        mine = sequence_token_means(pg + 0.04 * k3_kl(logp, ref), mask).mean()
-        assert abs(float(mine) - float(theirs)) <= TOL
+        by_hand = sequence_token_means(pg + 0.04 * k3_kl(logp, ref), mask).mean()  # each row's token mean, averaged
+        seq_mean = ours("grpo_seq_mean", logp, old, ref, adv, mask, clip_low=0.2, clip_high=0.28, beta=0.04)
+        assert abs(float(by_hand) - float(theirs)) <= TOL and abs(float(seq_mean) - float(theirs)) <= TOL
         # and it is not our grpo (the exact token mean): the rows' lengths differ
         assert abs(float(ours("grpo", logp, old, ref, adv, mask, clip_low=0.2, clip_high=0.28, beta=0.04)) -
                    float(theirs)) > 1e-3
 
 
 def test_accumulation_and_generation_batches_map_onto_the_normalisers():
-    """bnpo over 2 accumulated micro-batches, dr_grpo's constant over them, and dapo with 2 optimiser steps per
-    generation batch (TRL's steps_per_generation): our counts reproduce TRL's normalisers."""
+    """bnpo over 2 accumulated micro-batches, dr_grpo's constant and grpo_seq_mean's sequences over them, and dapo
+    with 2 optimiser steps per generation batch (TRL's steps_per_generation): our counts reproduce TRL's normalisers."""
     logp, old, ref, mask, adv, _ = inputs(5)
     halves = [slice(0, 2), slice(2, 4)]
     n_all = float(mask.sum())
@@ -151,6 +152,8 @@ def test_accumulation_and_generation_batches_map_onto_the_normalisers():
         assert abs(float(ours("bnpo", *args, micro_batches=2, **ok)) - float(theirs)) <= TOL
         theirs = trl_loss("dr_grpo", *args, grad_accum=2, **kw)
         assert abs(float(ours("dr_grpo", *args, mini_trajectories=4.0, **ok)) - float(theirs)) <= TOL
+        theirs = trl_loss("grpo", *args, grad_accum=2, **kw)  # its micro-batch's row mean / 2: 2 rows of 4 here
+        assert abs(float(ours("grpo_seq_mean", *args, mini_sequences=4.0, **ok)) - float(theirs)) <= TOL
         theirs = trl_loss("dapo", *args, steps_per_generation=2, num_items=n_all, **kw)
         assert abs(float(ours("dapo", *args, step_tokens=n_all, mini_batches=2, **ok)) - float(theirs)) <= TOL
 

@@ -17,10 +17,15 @@ import pytest
 import torch
 
 from helpers import ROOT, compose, read_scalars
-from score_lightning.step.loss_variants import (LOSS_TYPES, cispo_surrogate, gspo_surrogate, loss_scale,
-                                                overlong_penalty, policy_loss, resolve_scale_rewards,
-                                                scaled_advantages, sequence_log_ratio)
+from score_lightning.registry import Registry
+from score_lightning.step.loss_registry import (NORMALISERS, POLICY_LOSSES, REWARD_SCALINGS, PolicyLoss, loss_scale,
+                                                policy_loss, resolve_scale_rewards, scaled_advantages)
+from score_lightning.step.loss_variants import (cispo_surrogate, gspo_surrogate, overlong_penalty, ppo_clip_surrogate,
+                                                sequence_log_ratio)
 from score_lightning.step.losses import grpo_token_loss
+
+LOSS_TYPES = tuple(POLICY_LOSSES.names())  # every registered optim.loss_type
+BUILT_IN = "bnpo, cispo, dapo, dr_grpo, grpo, grpo_seq_mean, gspo"
 
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
 LOGP = torch.tensor([[-1.0, -2.0, -0.5], [-0.7, -1.1, -3.0]])
@@ -77,7 +82,7 @@ def test_cispo_keeps_a_gradient_where_the_ppo_clip_zeroes_it():
     # row 0: r = e^[0.1, -0.2, 0.4] = [1.105171, 0.818731, 1.491825]; w = clip(r, 0.8, 1.2) = [1.105171, 0.818731, 1.2]
     logp = LOGP.clone().requires_grad_(True)
     adv = torch.tensor([1.0, -0.5])
-    loss, clipped, _ = cispo_surrogate(logp, OLD, adv, 0.2, 0.2)
+    loss, clipped, _ = cispo_surrogate(logp, OLD, adv, MASK, 0.2, 0.2)
     w0 = [math.exp(0.1), math.exp(-0.2), 1.2]
     w1 = [1.2, 1.2]  # e^0.3 = 1.35, e^0.5 = 1.65: both clipped at 1.2
     assert close(loss[0], [-w * 1.0 * lp for w, lp in zip(w0, [-1.0, -2.0, -0.5])])
@@ -88,8 +93,28 @@ def test_cispo_keeps_a_gradient_where_the_ppo_clip_zeroes_it():
     # d/dlogp (-sg[w] A logp) = -w A: non-zero on the clipped token (1.2), where -min(rA, clip(r)A) has none
     assert close(logp.grad, [[-w / 5 for w in w0], [0.5 * 1.2 / 5, 0.5 * 1.2 / 5, 0.0]])
     # clip_low = 1: no lower bound (TRL 1.16 clamps only above, at epsilon_high = 1 + clip_high)
-    _, low, _ = cispo_surrogate(LOGP, LOGP + 1.0, adv, 1.0, 0.2)  # r = e^-1 = 0.37 < 0.8
+    _, low, _ = cispo_surrogate(LOGP, LOGP + 1.0, adv, MASK, 1.0, 0.2)  # r = e^-1 = 0.37 < 0.8
     assert low[MASK.bool()].sum() == 0
+
+
+def test_grpo_seq_mean_by_hand_is_the_mean_of_each_sequences_token_mean():
+    # row 0 (A = 1): r = e^[0.1, -0.2, 0.4] = [1.105171, 0.818731, 1.491825]; the last is clipped to 1.2
+    # row 1 (A = 0.5): r = e^0.3, e^0.5 > 1.2, both clipped: -0.5 * 1.2 = -0.6 each; the masked 9 does not count
+    logp = LOGP.clone().requires_grad_(True)
+    adv = torch.tensor([1.0, 0.5])
+    r0 = [math.exp(0.1), math.exp(-0.2), 1.2]
+    total, st = policy_loss(logp, OLD, None, adv, MASK, loss_type="grpo_seq_mean", clip_low=0.2, clip_high=0.2,
+                            kl_coef=0.0)
+    seq_means = [-sum(r0) / 3, -0.6]  # -1.041301, -0.6
+    assert close(total, sum(seq_means)) and st["sequences"].item() == 2.0
+    assert close(st["loss"], -sum(r0) - 1.2)  # the logged per-token loss stays a masked token sum
+    scaled = total * loss_scale("grpo_seq_mean", world=1, mini_tokens=5.0, mini_sequences=2.0)
+    assert close(scaled, -0.8206505)  # (-1.041301 - 0.6) / 2
+    grpo, _ = policy_loss(LOGP, OLD, None, adv, MASK, loss_type="grpo", clip_low=0.2, clip_high=0.2, kl_coef=0.0)
+    assert close(grpo / 5, -0.8647804)  # the token mean: (-3.123902 - 1.2) / 5, not the same objective
+    scaled.backward()
+    # d/dlogp_t of -A r_t / |y| / 2 on the unclipped tokens of row 0; the clipped ones have none
+    assert close(logp.grad, [[-r0[0] / 6, -r0[1] / 6, 0.0], [0.0, 0.0, 0.0]])
 
 
 def test_the_grpo_family_is_grpo_token_loss_bit_for_bit():
@@ -134,14 +159,82 @@ def test_each_normaliser_by_hand():
     assert loss_scale("grpo", **counts) == 1 / 40 and loss_scale("cispo", **counts) == 1 / 40
     assert loss_scale("dapo", **counts) == 2 / 100  # the step's tokens per mini-batch, as TRL's num_items_in_batch
     assert loss_scale("dr_grpo", **counts) == 1 / (6 * 384)
-    assert loss_scale("gspo", **counts) == 1 / 5
+    assert loss_scale("gspo", **counts) == 1 / 5 and loss_scale("grpo_seq_mean", **counts) == 1 / 5
     assert loss_scale("bnpo", **counts) == 1 / (7 * 3)  # its own micro-batch's mean, averaged over 3 micro-batches
     # data parallel: gradients are averaged over ranks, so a global count carries the world size; bnpo does not
     assert loss_scale("grpo", **{**counts, "world": 4}) == 4 / 40
     assert loss_scale("bnpo", **{**counts, "world": 4}) == 1 / 21
     assert loss_scale("bnpo", **{**counts, "micro_tokens": 0.0}) == 1 / 3  # an empty micro-batch: 0 / 1
-    with pytest.raises(ValueError, match="loss_type='ppo'"):
+    with pytest.raises(KeyError, match=f"optim.loss_type='ppo': no such entry \\(registered: {BUILT_IN}"):
         loss_scale("ppo", **counts)
+
+
+# --------------------------------------------------------------------------- the registry
+
+
+def _double(logp, old_logp, advantages, mask, clip_low, clip_high):
+    """A plug-in's surrogate: twice PPO's clipped one."""
+    loss, clipped, ratio = ppo_clip_surrogate(logp, old_logp, advantages, mask, clip_low, clip_high)
+    return 2.0 * loss, clipped, ratio
+
+
+@pytest.fixture
+def plugin_loss(monkeypatch):
+    """The built-in losses plus ``double_dr_grpo`` (a new surrogate with dr_grpo's constant), as a plug-in
+    registers one; the registries the step and the config validation read are swapped for the test only."""
+    from score_lightning.launch.config_validation import update
+    from score_lightning.step import loss_registry
+
+    reg = Registry("optim.loss_type")
+    for name, entry in POLICY_LOSSES.items():
+        reg.register(name, entry)
+    reg.register("double_dr_grpo", PolicyLoss(_double, NORMALISERS.get("constant")))
+    monkeypatch.setattr(loss_registry, "POLICY_LOSSES", reg)
+    monkeypatch.setattr(update, "POLICY_LOSSES", reg)
+    return reg
+
+
+def test_a_registered_loss_is_the_steps_loss_with_its_normalisers_counts(plugin_loss):
+    """solver_update gathers the counts the registered normaliser names (no branch on the loss's name): dr_grpo's
+    constant, 4 trajectories x 8 tokens, and twice its gradient."""
+    trajs = _trajs()
+    rewards = torch.tensor([1.0, 0.0, 2.0, 0.5])
+    lm, res, steps = _update("double_dr_grpo", trajs, rewards)
+    want = _weighted_gradient(lm, trajs, res.advantages, [2 / (4 * 8)] * 4)
+    for got, exp in zip(steps[0], want):
+        assert torch.allclose(got, exp, atol=1e-7)
+    n = [len(t.response_ids) for t in trajs]
+    assert res.sums["objective"] == pytest.approx(sum(2 / 32 * k * -a for k, a in zip(n, res.advantages.tolist())))
+
+
+def test_an_unknown_loss_is_refused_with_the_registered_names(plugin_loss):
+    from score_lightning.launch.config_validation import ConfigError, validate_config
+
+    with pytest.raises(KeyError, match="optim.loss_type='ppo': no such entry .*double_dr_grpo, dr_grpo, grpo, "):
+        policy_loss(LOGP, OLD, None, torch.ones(2), MASK, loss_type="ppo", clip_low=0.2, clip_high=0.2, kl_coef=0.0)
+    validate_config(compose(["experiment=tiny_score", "optim.loss_type=double_dr_grpo"]))
+    with pytest.raises(ConfigError) as err:
+        validate_config(compose(["experiment=tiny_score", "optim.loss_type=ppo"]))
+    assert "optim.loss_type='ppo': allowed bnpo, cispo, dapo, double_dr_grpo, dr_grpo, grpo, grpo_seq_mean, gspo" \
+        in str(err.value)
+
+
+def test_each_scaling_is_a_registered_function_and_only_batch_reads_the_batch_std():
+    r = torch.tensor([1.0, 2.0, 3.0, 5.0])  # K = 2: groups [1, 2], [3, 5]
+    asked = []
+
+    def std() -> float:  # solver_update's is a collective: only the scaling that needs it may call it
+        asked.append(1)
+        return 4.0
+
+    assert REWARD_SCALINGS.names() == ["batch", "group", "none"]
+    assert close(scaled_advantages(r, 2, "none", batch_std=std), [-0.5, 0.5, -1.0, 1.0])
+    assert close(scaled_advantages(r, 2, "group", batch_std=std), [-0.707106, 0.707106, -0.707106, 0.707106], tol=1e-5)
+    assert asked == []
+    assert close(scaled_advantages(r, 2, "batch", eps=0.0, batch_std=std), [-0.125, 0.125, -0.25, 0.25])
+    assert asked == [1]
+    with pytest.raises(KeyError, match="optim.scale_rewards='rank': no such entry \\(registered: batch, group, none"):
+        scaled_advantages(r, 2, "rank")
 
 
 # --------------------------------------------------------------------------- rewards
@@ -245,7 +338,8 @@ def test_micro_batches_accumulate_to_each_variants_definition(loss_type):
     weights = {"grpo": [1 / 10] * 4, "dapo": [1 / 10] * 4, "cispo": [1 / 10] * 4,
                "bnpo": [1 / (5 * 2)] * 4,  # micro-batches [1, 4] and [2, 3]: 5 tokens each, 2 micro-batches
                "dr_grpo": [1 / (4 * 8)] * 4,  # 4 trajectories x solver.max_response_tokens=8
-               "gspo": [1 / (4 * k) for k in n]}[loss_type]  # a token mean per sequence, then over 4 sequences
+               "gspo": [1 / (4 * k) for k in n],  # a token mean per sequence, then over 4 sequences
+               "grpo_seq_mean": [1 / (4 * k) for k in n]}[loss_type]
     want = _weighted_gradient(lm, trajs, res.advantages, weights)
     for got, exp in zip(steps[0], want):
         assert torch.allclose(got, exp, atol=1e-7), loss_type
@@ -350,6 +444,10 @@ def test_gspo_under_mams_is_refused_by_name():
         validate_config(compose(["experiment=mams_tiny", "optim.loss_type=gspo"]))
     assert "optim.loss_type=gspo with solver.agent=mams" in str(err.value)
     assert "solver.agent=react" in str(err.value)
+    with pytest.raises(ConfigError) as err:  # a token mean per row would be per role call
+        validate_config(compose(["experiment=mams_tiny", "optim.loss_type=grpo_seq_mean"]))
+    assert "optim.loss_type=grpo_seq_mean with solver.agent=mams" in str(err.value)
+    assert "one of bnpo, cispo, dapo, dr_grpo, grpo (dr_grpo's" in str(err.value)
     for ok in (["experiment=mams_tiny", "optim.loss_type=dr_grpo"], ["experiment=tiny_score", "optim.loss_type=gspo"]):
         validate_config(compose(ok))
 
@@ -364,8 +462,8 @@ def test_unknown_values_and_what_does_not_apply_are_refused_by_name():
         validate_config(compose(["experiment=tiny_score", "optim.loss_type=ppo", "optim.scale_rewards=rank",
                                  "optim.clip_ratio_low=1.5", "solver.mask_truncated=maybe"]))
     msg = str(err.value)
-    assert "optim.loss_type='ppo': allowed grpo, bnpo, dr_grpo, dapo, gspo, cispo" in msg
-    assert "optim.scale_rewards='rank': allowed group, batch, none" in msg
+    assert f"optim.loss_type='ppo': allowed {BUILT_IN}" in msg  # the registry's names
+    assert "optim.scale_rewards='rank': allowed batch, group, none" in msg
     assert "optim.clip_ratio_low=1.5" in msg and "solver.mask_truncated='maybe'" in msg
     with pytest.raises(ConfigError) as err:
         validate_config(compose(["experiment=tiny_score", "reward.overlong.enabled=true", "solver.agent=mams",
@@ -392,12 +490,12 @@ def test_cli_refuses_an_unknown_loss_type_within_seconds(tmp_path):
     proc = subprocess.run([sys.executable, "src/train.py", "experiment=tiny_score", "optim.loss_type=ppo",
                            f"paths.output_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     out = proc.stderr + proc.stdout
-    assert proc.returncode == 2 and "optim.loss_type='ppo': allowed grpo, bnpo, dr_grpo, dapo, gspo, cispo" in out
+    assert proc.returncode == 2 and f"optim.loss_type='ppo': allowed {BUILT_IN}" in out
     assert "Traceback" not in out and time.time() - t0 < 60
 
 
 def test_every_loss_type_trains_tiny_score_from_the_cli_and_logs_its_loss(tmp_path, tiny_ckpt):
-    """One multirun over the six values: 2 SCORE steps each, scripted rollouts (non-zero rewards), two
+    """One multirun over the seven values: 2 SCORE steps each, scripted rollouts (non-zero rewards), two
     mini-batches of one-row micro-batches and two PPO epochs (so dapo and bnpo differ from grpo and the
     ratios move), with the overlong penalty and truncation masking on."""
     sweep = tmp_path / "sweep"
@@ -418,7 +516,7 @@ def test_every_loss_type_trains_tiny_score_from_the_cli_and_logs_its_loss(tmp_pa
         assert max(v for _, v in scalars["solver/reward_mean"]) > 0, loss_type
         assert all(v < 0 for _, v in scalars["solver/overlong_penalty"]), loss_type  # 200-token cap, 150 buffer
         objectives[loss_type] = scalars["solver/objective"][-1][1]
-    assert len(set(objectives.values())) == len(LOSS_TYPES), objectives  # six different objectives
+    assert len(set(objectives.values())) == len(LOSS_TYPES), objectives  # seven different objectives
 
 
 @pytest.mark.multiprocess  # a trainer and its rollout worker, 35 s: make test-multiprocess (CI)

@@ -86,7 +86,7 @@ VARIANT_OPTIONS = ["optim.scale_rewards=batch", "reward.overlong.enabled=true", 
 
 
 @pytest.mark.multiprocess  # two or more training processes: make test-multiprocess (CI runs it)
-@pytest.mark.parametrize("loss_type", ["bnpo", "dr_grpo", "dapo", "gspo", "cispo"])
+@pytest.mark.parametrize("loss_type", ["bnpo", "dr_grpo", "dapo", "gspo", "cispo", "grpo_seq_mean"])
 def test_each_loss_variant_on_two_processes_matches_one_process(tmp_path, tiny_ckpt, loss_type):
     """The counts behind each ``optim.loss_type``'s normaliser (tokens of the mini-batch or the step, sequences,
     trajectories) and the batch std of ``optim.scale_rewards=batch`` are summed over ranks: DDP on 2 processes

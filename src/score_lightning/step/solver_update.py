@@ -15,7 +15,7 @@ Engine-trainer correction (``optim.rollout_correction``, :mod:`~score_lightning.
 pi_old is then always recomputed before the first optimiser step, and each token's surrogate carries
 the detached weight built from pi_old / mu (the engine's log-probs), the same weight in every epoch.
 
-Variants (:mod:`~score_lightning.step.loss_variants`): ``optim.loss_type`` picks the surrogate and the
+Variants (:mod:`~score_lightning.step.loss_registry`): ``optim.loss_type`` looks up the surrogate and the
 normaliser (the counts it needs are summed over the mini-batch, or the step, and over ranks here);
 ``optim.scale_rewards`` the advantage's scale; ``reward.overlong`` adds DAPO's length penalty to the
 rewards before the advantages (dynamic sampling decided on the task reward, as verl's DAPO filters on
@@ -34,8 +34,9 @@ from torch import Tensor, nn
 
 from score_lightning import distributed as D
 from score_lightning.step.batching import TokenBatch, build_token_batch, policy_logprobs
-from score_lightning.step.loss_variants import (default_buffer_len, loss_scale, overlong_penalty, policy_loss,
-                                                resolve_scale_rewards, scaled_advantages)
+from score_lightning.step.loss_registry import (loss_scale, normaliser, policy_loss, resolve_scale_rewards,
+                                                scaled_advantages)
+from score_lightning.step.loss_variants import default_buffer_len, overlong_penalty
 from score_lightning.step.rollout_correction import RolloutCorrection, batch_correction
 from score_lightning.methods.mams.agent import MamsConfig
 from score_lightning.rollout.trajectory import Trajectory
@@ -58,7 +59,7 @@ class GRPOSettings:
     adv_eps: float
     share_prompt: bool = False  # one packed forward per prompt group (optim.share_prompt_forward)
     correction: RolloutCorrection = RolloutCorrection()  # optim.rollout_correction (engine-trainer IS weights)
-    loss_type: str = "grpo"  # optim.loss_type (step/loss_variants.py)
+    loss_type: str = "grpo"  # optim.loss_type (step/loss_registry.py)
     scale_rewards: str = "group"  # optim.scale_rewards when norm_adv_by_std (false: none)
     max_response_tokens: int = 0  # a trajectory's most response tokens: dr_grpo's constant, reward.overlong's cap
     mask_truncated: bool = False  # solver.mask_truncated
@@ -182,8 +183,8 @@ def solver_update(policy: nn.Module, ref: nn.Module | None, trajs: Sequence[Traj
     overlong = s.overlong.penalty(trajs) if s.overlong is not None else None
     shaped = rewards if overlong is None else rewards + overlong.to(rewards.device)
     scale = s.scale_rewards if s.norm_adv_by_std else "none"
-    batch_std = _global_reward_std(shaped, include) if scale == "batch" else None
-    adv = scaled_advantages(shaped, s.num_rollouts, scale, eps=s.adv_eps, include=include, batch_std=batch_std)
+    adv = scaled_advantages(shaped, s.num_rollouts, scale, eps=s.adv_eps, include=include,
+                            batch_std=lambda: _global_reward_std(shaped, include))  # read by the batch scaling only
     if neutral is not None:
         adv = adv.masked_fill(neutral.to(adv.device), 0.0)
         if step_bonus is not None:  # a neutral group says nothing: no step or stage credit on top of its 0 either
@@ -212,14 +213,15 @@ def solver_update(policy: nn.Module, ref: nn.Module | None, trajs: Sequence[Traj
                                 trainer_logprobs=old_lp, rows=tr.rows, correction=corr_sums, overlong=overlong)
     result.sums.update(objective=0.0, steps=0.0)
     world = D.world_size()
-    step_tokens = D.global_sum(float(batch.num_tokens)) if s.loss_type == "dapo" else 0.0
+    gathers = normaliser(s.loss_type).gathers  # the counts the normaliser reads beyond the mini-batch's tokens
+    step_tokens = D.global_sum(float(batch.num_tokens)) if "step_tokens" in gathers else 0.0
     for _epoch in range(s.ppo_epochs):
         for rows, mb_trajs in zip(mini_batches, traj_batches):
             mb = batch.rows(rows)
             mb_tokens = D.global_sum(float(mb.num_tokens))
             if mb_tokens == 0:  # same on every rank: all skip together
                 continue
-            counts = _normaliser_counts(s, mb, len(mb_trajs), world, mb_tokens, step_tokens, len(mini_batches))
+            counts = _normaliser_counts(s, gathers, mb, len(mb_trajs), world, mb_tokens, step_tokens, len(mini_batches))
             n_micro = -(-len(rows) // s.micro_batch_size)
             for ms in range(0, len(rows), s.micro_batch_size):
                 idx = rows[ms:ms + s.micro_batch_size]
@@ -249,17 +251,16 @@ def solver_update(policy: nn.Module, ref: nn.Module | None, trajs: Sequence[Traj
     return result
 
 
-def _normaliser_counts(s: GRPOSettings, mb: TokenBatch, trajectories: int, world: int, mb_tokens: float,
-                       step_tokens: float, mini_batches: int) -> dict:
-    """The global counts :func:`~score_lightning.step.loss_variants.loss_scale` needs for ``s.loss_type``
-    (a collective only for the type that needs it, the same on every rank)."""
-    counts = dict(world=world, mini_tokens=mb_tokens)
-    if s.loss_type == "dapo":
-        counts.update(step_tokens=step_tokens, mini_batches=mini_batches)
-    elif s.loss_type == "dr_grpo":  # the mini-batch's trajectories (masked ones too: a constant), over all ranks
-        counts.update(mini_trajectories=D.global_sum(float(trajectories)), max_len=s.max_response_tokens)
-    elif s.loss_type == "gspo":  # rows with a trained token
-        counts.update(mini_sequences=D.global_sum(float((mb.loss_mask.sum(dim=1) > 0).sum())))
+def _normaliser_counts(s: GRPOSettings, gathers: frozenset[str], mb: TokenBatch, trajectories: int, world: int,
+                       mb_tokens: float, step_tokens: float, mini_batches: int) -> dict:
+    """The global counts (:class:`~score_lightning.step.loss_registry.Counts`) the normaliser of ``s.loss_type``
+    reads: a collective only for a count it ``gathers``, so the same on every rank."""
+    counts = dict(world=world, mini_tokens=mb_tokens, step_tokens=step_tokens, mini_batches=mini_batches,
+                  max_len=s.max_response_tokens)
+    if "mini_trajectories" in gathers:  # the mini-batch's trajectories (masked ones too: a constant), over all ranks
+        counts["mini_trajectories"] = D.global_sum(float(trajectories))
+    if "mini_sequences" in gathers:  # rows with a trained token
+        counts["mini_sequences"] = D.global_sum(float((mb.loss_mask.sum(dim=1) > 0).sum()))
     return counts
 
 

@@ -6,7 +6,7 @@ import logging
 
 from score_lightning.launch.config_validation.values import BOOL, Checks, integer, number, one_of
 from score_lightning.launch.config_validation.topology import data_parallel_size
-from score_lightning.step.loss_variants import LOSS_TYPES, SCALE_REWARDS, resolve_scale_rewards
+from score_lightning.step.loss_registry import POLICY_LOSSES, REWARD_SCALINGS, resolve_scale_rewards
 from score_lightning.step.rollout_correction import MODES, resolve_mode
 
 log = logging.getLogger(__name__)
@@ -42,22 +42,27 @@ def check_update(c: Checks) -> None:
 
 
 def check_loss_variants(c: Checks) -> None:
-    """``optim.loss_type`` and its companions (step/loss_variants.py), and where one does not apply."""
-    c("optim.loss_type", one_of(*LOSS_TYPES), ", ".join(LOSS_TYPES))
+    """``optim.loss_type`` and its companions (step/loss_registry.py), and where one does not apply. The allowed
+    values are the registries' names, so a registered plug-in is allowed and listed."""
+    losses, scalings = POLICY_LOSSES.names(), REWARD_SCALINGS.names()
+    c("optim.loss_type", one_of(*losses), ", ".join(losses))
     c("optim.clip_ratio_low", number(0.0, 1.0), "a number in [0, 1] (the ratio's lower clip is 1 - it; 1: none)")
     c("optim.clip_ratio_high", number(0.0), "a number >= 0 (the upper clip is 1 + it)")
-    c("optim.scale_rewards", one_of(*SCALE_REWARDS), ", ".join(SCALE_REWARDS))
+    c("optim.scale_rewards", one_of(*scalings), ", ".join(scalings))
     c("solver.mask_truncated", *BOOL)
     norm = c.get("loss.norm_adv_by_std")
     if norm is not None:
         c("loss.norm_adv_by_std", *BOOL)
-    if c.get("optim.loss_type") == "gspo" and c.get("solver.agent") == "mams":
-        c.add("optim.loss_type=gspo with solver.agent=mams: GSPO's ratio and clip are per sequence, and a MaMs "
-              "trajectory is trained as one row per role call, so its sequence would be one role call; set "
-              "optim.loss_type to grpo, bnpo, dapo or cispo (token-level) or dr_grpo (its constant is the whole "
-              "trajectory's budget), or solver.agent=react")
+    loss_type = c.get("optim.loss_type")
+    per_row = [n for n, e in POLICY_LOSSES.items() if e.normaliser.counts_sequences]  # gspo, grpo_seq_mean
+    if c.get("solver.agent") == "mams" and loss_type in per_row:
+        per_token = ", ".join(n for n in losses if n not in per_row)
+        c.add(f"optim.loss_type={loss_type} with solver.agent=mams: it divides each sequence by its own length (gspo "
+              "also takes its ratio and clip per sequence), and a MaMs trajectory is trained as one row per role "
+              f"call, so its sequence would be one role call; set optim.loss_type to one of {per_token} (dr_grpo's "
+              "constant is the whole trajectory's budget), or solver.agent=react")
     scale = c.get("optim.scale_rewards")
-    if isinstance(norm, bool) and scale in SCALE_REWARDS:
+    if isinstance(norm, bool) and scale in scalings:
         try:
             resolved = resolve_scale_rewards(scale, norm)
         except ValueError as exc:
