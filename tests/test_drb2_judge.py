@@ -19,7 +19,7 @@ from score_lightning.data.queries import load_queries
 from score_lightning.evaluation import main
 from score_lightning.evaluation.drb2_judge import Drb2Options, run_drb2
 from score_lightning.evaluation.drb2_prompt import batch_messages, normalise_item, parse_batch_reply
-from score_lightning.evaluation.drb2_tasks import load_drb2_tasks
+from score_lightning.data.drb2_tasks import load_drb2_tasks
 from score_lightning.evaluation.judge import JudgeClient, read_jsonl
 from score_lightning.evaluation.report_card import render_markdown, summarise, write_report
 

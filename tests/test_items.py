@@ -170,7 +170,7 @@ def test_a_retrieve_server_builds_the_same_items_as_the_index_it_serves(bm25):
 
 
 def test_rubric_given_loads_the_items_file_as_binary_checklists():
-    from score_lightning.rubrics.given import load_given_rubrics
+    from score_lightning.methods.given.rubrics import load_given_rubrics
 
     rubrics = load_given_rubrics(EMBEDDED_ITEMS_PATH)
     items = load_items()

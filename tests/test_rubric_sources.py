@@ -20,7 +20,7 @@ from score_lightning.roles.rubric import Rubric
 from score_lightning.rollout.scripted import ProtocolResponder, ScriptedEngine
 from score_lightning.step.rubric_source import RubricContext
 from score_lightning.methods.rler.evolving import EvolvingRubrics
-from score_lightning.rubrics.given import load_given_rubrics
+from score_lightning.methods.given.rubrics import load_given_rubrics
 from score_lightning.methods.rler.items import Item, items_rubric, parse_items
 from score_lightning.methods.preference.reward import PreferenceReward
 
@@ -151,7 +151,7 @@ def test_drb2_tasks_file_loads_as_given_binary_rubrics():
     items, dimension-tagged, equal weights, binary."""
     from pathlib import Path
 
-    from score_lightning.evaluation.drb2_tasks import load_drb2_tasks
+    from score_lightning.data.drb2_tasks import load_drb2_tasks
 
     path = Path(__file__).resolve().parent / "data" / "drb2" / "tasks_and_rubrics.jsonl"
     tasks, rubrics = load_drb2_tasks(path), load_given_rubrics(path)
@@ -188,7 +188,7 @@ def test_malformed_preferences_are_refused_with_file_and_line(tmp_path):
 
 
 def test_query_without_a_given_rubric_uses_the_fallback_and_is_counted(tmp_path, tokenizer):
-    from score_lightning.rubrics.given import GivenRubrics
+    from score_lightning.methods.given.rubrics import GivenRubrics
 
     f = _write(tmp_path / "b.jsonl", [{"id": "q1", "rubrics": [{"text": "cites", "weight": 1}]}])
     step = GivenRubrics(f).step_rubrics(_ctx(tokenizer), ["a", "b"], ["q1", "q9"], [[], []])

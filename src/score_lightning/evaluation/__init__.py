@@ -183,7 +183,7 @@ def _generate(args: argparse.Namespace) -> int:
 def _judge(args: argparse.Namespace) -> int:
     from score_lightning.evaluation.drb2_judge import Drb2Options, match_articles, run_drb2
     from score_lightning.evaluation.drb2_score import write_drb2_results
-    from score_lightning.evaluation.drb2_tasks import load_drb2_tasks
+    from score_lightning.data.drb2_tasks import load_drb2_tasks
     from score_lightning.evaluation.judge import JudgeClient, JudgeOptions, read_jsonl, run_judge
     from score_lightning.evaluation.report_card import render_markdown, write_report
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from score_lightning.evaluation.drb2_prompt import batch_messages, parse_batch_reply
 from score_lightning.evaluation.drb2_score import article_record, unmatched_record
-from score_lightning.evaluation.drb2_tasks import Drb2Task
+from score_lightning.data.drb2_tasks import Drb2Task
 from score_lightning.clients.chat import ChatClient
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ import re
 import unicodedata
 from typing import Any
 
-from score_lightning.evaluation.drb2_tasks import Drb2Task
+from score_lightning.data.drb2_tasks import Drb2Task
 from score_lightning.clients.chat import ReplyError
 
 SCORES: tuple[int, ...] = (1, 0, -1)

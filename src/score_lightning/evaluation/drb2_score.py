@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from score_lightning.evaluation.drb2_tasks import DIMENSIONS, Drb2Task
+from score_lightning.data.drb2_tasks import DIMENSIONS, Drb2Task
 from score_lightning.evaluation.stats import mean_stderr
 
 #: the per-article scores, in report order

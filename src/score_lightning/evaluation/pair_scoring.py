@@ -88,7 +88,7 @@ def query_rubrics(source, ctx: RubricContext, queries: Sequence[tuple[str, str]]
 def judge_rubrics(source, state: HarnessState, query_ids: Sequence[str]) -> tuple[dict[str, Rubric], str]:
     """The rubrics an external judge scores under: the recipe's when they need no model to write them
     (``given``: the file's; ``static_rubric``: the fallback), else the harness's fallback rubric."""
-    from score_lightning.rubrics.given import GivenRubrics
+    from score_lightning.methods.given.rubrics import GivenRubrics
 
     if isinstance(source, GivenRubrics):
         return {q: source.rubrics.get(str(q), fallback_rubric(state)) for q in query_ids}, "given"

@@ -80,7 +80,7 @@ def widest_rubric(cfg: DictConfig, state: HarnessState) -> Rubric:
     """
     if str(OmegaConf.select(cfg, "rubric._target_", default="")).endswith("GivenRubrics"):
         from score_lightning.roles.prompts import format_rubric
-        from score_lightning.rubrics.given import load_given_rubrics
+        from score_lightning.methods.given.rubrics import load_given_rubrics
 
         r = cfg.rubric
         given = load_given_rubrics(r.path, bool(r.get("include_explanation", False)), r.get("max_items"))

@@ -106,7 +106,7 @@ def check_files(c: Checks) -> None:
         if path in (None, "???") or OmegaConf.is_missing(c.cfg.rubric, "path"):
             c.add("rubric.path: required with rubric=given (a criteria.jsonl or checklist file)")
         else:
-            from score_lightning.rubrics.given import load_given_rubrics
+            from score_lightning.methods.given.rubrics import load_given_rubrics
 
             try:
                 load_given_rubrics(path)

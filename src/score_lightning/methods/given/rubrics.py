@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from score_lightning.data.corpus import DataFormatError, iter_jsonl
+from score_lightning.data.drb2_tasks import parse_task_line
 from score_lightning.roles.evidence import EvidenceDoc
 from score_lightning.roles.rubric import Rubric, fallback_rubric
 from score_lightning.step.rubric_source import RubricContext
@@ -84,8 +85,6 @@ def _checklist_rubric(obj: dict, path: Path, lineno: int) -> Rubric:
 def _drb2_rubric(obj: dict, path: Path, lineno: int) -> Rubric:
     """A DeepResearch Bench II task line: its distinct binary items, dimension-tagged, equal weights (DRB-II
     scores a task by the share of its items met)."""
-    from score_lightning.evaluation.drb2_tasks import parse_task_line
-
     task = parse_task_line(obj, path, lineno)
     texts = [f"[{dim}] {item}" for dim in task.rubric for item in task.distinct(dim)]
     return Rubric(tuple(f"c{j}" for j in range(1, len(texts) + 1)), tuple(1.0 / len(texts) for _ in texts),
