@@ -17,7 +17,8 @@ each with a known better side:
 Grounded validity is the card's and the reward's a(r) under ``reward.citations=retrieved``: a closed,
 well-formed answer of at least ``min_chars`` non-space characters that cites at least one id, every cited id
 retrieved by its own trajectory. Which side of a pair comes first is drawn (``rng``), so a joint evaluation
-of the two sees the better one first in about half the pairs.
+of the two sees the better one first in about half the pairs. The pair's types (:class:`Pair`, :class:`Side`,
+``EDIT_KINDS``) live in :mod:`score_lightning.rewards.report_pairs`, which the preference method shares.
 """
 
 from __future__ import annotations
@@ -29,12 +30,8 @@ from dataclasses import dataclass
 from score_lightning.rewards.citations import cited_ids
 from score_lightning.rewards.items import ItemLike, satisfied_items
 from score_lightning.rewards.report_edits import cut_short, drop_citations, replace_citation, unretrieved_id
+from score_lightning.rewards.report_pairs import EDIT_KINDS, ORIGINAL, VALID, Pair, Side
 from score_lightning.roles.answer import parse_answer
-
-#: the degraded pairs' edit kinds, in the order they are built
-EDIT_KINDS = ("no_citation", "unretrieved_citation", "truncated", "off_topic", "empty")
-VALID = "valid"
-ORIGINAL = "original"
 
 
 @dataclass(frozen=True)
@@ -48,38 +45,6 @@ class Sample:
     retrieved: tuple[str, ...]
     grounded_valid: bool
     index: int = 0  # which rollout of the query
-
-
-@dataclass(frozen=True)
-class Side:
-    """One side of a pair as the verifier sees it."""
-
-    text: str | None  # None: no report (shown to an evaluator as "(no report)")
-    retrieved: tuple[str, ...]
-    grounded_valid: bool
-    item_recall: float | None  # None: the pair's query has no items
-    satisfied: int  # items of the pair's query it satisfies (0 when not grounded-valid)
-    words: int
-    edit: str = ORIGINAL  # ORIGINAL or the edit kind
-    source_query: str = ""  # the query whose rollout wrote it (off_topic: another one)
-    sample: int = -1  # the rollout it came from
-
-
-@dataclass(frozen=True)
-class Pair:
-    query_id: str
-    query: str
-    kind: str  # an EDIT_KINDS entry, or VALID
-    sides: tuple[Side, Side]
-    better: int  # 0 or 1: the side that is better by construction
-
-    @property
-    def group(self) -> str:
-        return VALID if self.kind == VALID else "degraded"
-
-    @property
-    def worse(self) -> int:
-        return 1 - self.better
 
 
 def grounded_answer_valid(text: str | None, retrieved: Iterable[str], min_chars: int) -> bool:

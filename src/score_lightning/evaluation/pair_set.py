@@ -1,6 +1,6 @@
 """A stored pair set (``scripts/bench_evaluator.py``): JSONL, one pair a line, and a manifest with its digest.
 
-Each line is one :class:`~score_lightning.evaluation.pair_build.Pair`, keys sorted, compact::
+Each line is one :class:`~score_lightning.rewards.report_pairs.Pair`, keys sorted, compact::
 
     {"better": 0, "kind": "truncated", "query": "When should ...?", "query_id": "q003",
      "sides": [{"edit": "original", "grounded_valid": true, "item_recall": 0.333, "retrieved": ["..."],
@@ -20,7 +20,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from score_lightning.evaluation.pair_build import VALID, Pair, Side
+from score_lightning.rewards.report_pairs import VALID, Pair, Side
 from score_lightning.items.format import file_digest, text_digest
 
 FORMAT = "score-lightning/evaluator-pairs/v1"

@@ -103,8 +103,8 @@ def as_pair_set(pairs: Sequence[dict], items: dict[str, QueryItems], split: str)
     """The ``split`` pairs (``heldout``: ``val`` and ``test`` together, the pairs no training step draws) as ``scripts/bench_evaluator.py`` pairs (kind ``valid``, the chosen side better, sides
     alternating), so the benchmark measures a rubric writer on held-out preference pairs: pairwise accuracy, AUC and
     Cohen's d with query-bootstrap intervals, the metrics preference-trained rubric generators report."""
-    from score_lightning.evaluation.pair_build import VALID, Pair, Side
     from score_lightning.rewards.citations import cited_ids
+    from score_lightning.rewards.report_pairs import VALID, Pair, Side
 
     wanted = HELD_OUT if split == "heldout" else (split,)
     out = []
