@@ -19,7 +19,7 @@ Why, at a real vocabulary and depth (SmolLM2: 30 layers; Qwen2.5: 24-28):
   values for the common prefix, and only the new tokens (the observation) run. The store is
   dropped as soon as the weights change (an optimiser step bumps the parameters' version counters),
   and by the step at each stage boundary (``generation/generator.py``: no stage's rows extend another's).
-  Calls made beside the run (the in-run evaluator probe, ``callbacks/evaluator_pairs.py``) run under
+  Calls made beside the run (the in-run evaluator probe, ``evaluation/pair_probe.py``) run under
   :func:`stores_kept`, which puts the store back as it was: their rubric prompts are the next step's, and a
   prefill that reused them would sum in another order than the run without the probe.
 

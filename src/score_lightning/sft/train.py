@@ -91,7 +91,7 @@ def train_sft(model, demos: list[Demo], pad_id: int, scfg: DictConfig, trainer_k
                        prompt_loss_weight=float(scfg.get("prompt_loss_weight", 0.0)))
     kwargs = dict(trainer_kwargs)
     if kwargs.pop("enable_progress_bar", True):  # cold-start steps with an ETA (a log line without a terminal)
-        from score_lightning.callbacks.progress import ScoreProgress
+        from score_lightning.telemetry.progress import ScoreProgress
 
         kwargs["callbacks"] = [ScoreProgress(desc="cold start (SFT) steps")]
     kwargs["enable_progress_bar"] = "callbacks" in kwargs

@@ -19,6 +19,10 @@ Python random streams are restored afterwards, and so are the HF engines' stored
 never reuses the probe's prompts), so a run with the probe samples exactly what it samples without.
 Off by default (``every_n_steps: 0``): on CPU the SmolLM2 probe of a few dozen pairs costs minutes, more than a
 tenth of a step. One process only, where the trainer holds its engine (``rollout.mode=sync``).
+
+A Lightning callback that lives in ``evaluation/``: all it does is evaluation's pair scoring on the live module,
+so ``callbacks/`` (the run's own controls) imports nothing from evaluation, and ``launch/`` composes it through
+``configs/callbacks/evaluator_pairs.yaml`` like any callback.
 """
 
 from __future__ import annotations
@@ -86,8 +90,8 @@ class EvaluatorPairs(L.Callback):
         import torch
 
         from score_lightning.evaluation import pair_scoring as S
-        from score_lightning.evaluation.pair_build import EDIT_KINDS
         from score_lightning.evaluation.pair_metrics import summarise_kinds
+        from score_lightning.rewards.report_pairs import EDIT_KINDS
         from score_lightning.rng import preserved_rng
         from score_lightning.rollout.kv_cache import stores_kept
 
