@@ -3,8 +3,9 @@ two evaluations may be compared.
 
 **Every checkpoint is evaluated as it was trained.** A checkpoint the project writes carries
 ``run_config.json``: an RL export the run's whole resolved config (``glue/outputs.py``), an SFT cold
-start the part of it that evaluation reads (:func:`write_run_settings`, called by ``sft/run.py`` when
-the cold start is trained, installed from the package or reused). ``generate`` takes from it the keys
+start the part of it that evaluation reads (:func:`~score_lightning.data.run_config.write_run_settings`, called
+by ``sft/run.py`` when the cold start is trained, installed from the package or reused; the file format lives in
+:mod:`score_lightning.data.run_config`, below both). ``generate`` takes from it the keys
 of :data:`DEFAULTS` (an explicit flag wins; without the file, the values there):
 
 * the solver budgets ``solver.max_tool_calls``, ``max_response_tokens``, ``max_observation_tokens``, ``topk``;
@@ -30,57 +31,25 @@ import os
 from pathlib import Path
 from typing import Any
 
+from score_lightning.data.run_config import (  # the file format, shared with the cold start that writes it
+    DEFAULTS,
+    RUN_CONFIG,
+    WORKFLOW_KEYS,
+    evaluation_subset,
+    read_run_config,
+    write_run_settings,
+)
+from score_lightning.data.run_config import select_key as _select
+
 log = logging.getLogger(__name__)
 
-RUN_CONFIG = "run_config.json"
-
-#: the config keys generate reads from a checkpoint's ``run_config.json``, and the value without one
-#: (``solver.temperature`` None: greedy for one sample, 1.0 for more; ``harness.initial_state`` None: the
-#: ``HarnessState()`` defaults; ``model.chat_template`` None: the checkpoint's own)
-DEFAULTS: dict[str, Any] = {
-    "solver.max_tool_calls": 10,
-    "solver.max_response_tokens": 4096,
-    "solver.max_observation_tokens": 512,
-    "solver.topk": 3,
-    "solver.temperature": None,
-    "solver.top_p": 1.0,
-    "solver.conclusion_line": True,
-    "harness.initial_state": None,
-    "model.chat_template": None,
-    "reward.citations": "any",
-    "reward.require_citation": False,
-    "reward.min_answer_chars": 20,
-}
 BUDGET_KEYS = ("solver.max_tool_calls", "solver.max_response_tokens", "solver.max_observation_tokens", "solver.topk")
 _INT_KEYS = BUDGET_KEYS + ("reward.min_answer_chars",)
 _FLOAT_KEYS = ("solver.temperature", "solver.top_p")
 _BOOL_KEYS = ("solver.conclusion_line", "reward.require_citation")
-#: the solver's workflow (``solver.agent``, default react) and MaMs's role budgets; in the settings only for MaMs
+#: the solver's workflow (``solver.agent``, default react; its keys: ``WORKFLOW_KEYS``) when it is not react
 _REACT_ONLY = ("solver.agent", "react")
-WORKFLOW_KEYS = ("solver.agent", "solver.mams")
 AGENTS = ("react", "mams", "rubricem")
-
-
-def _select(nested: dict, dotted: str) -> Any:
-    node: Any = nested
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return KeyError
-        node = node[part]
-    return node
-
-
-def read_run_config(path: str | os.PathLike | None) -> dict:
-    """The JSON at ``path`` (a ``run_config.json``, or a directory holding one); ``{}`` when absent."""
-    if path is None:
-        return {}
-    p = Path(path)
-    if p.is_dir():
-        p = p / RUN_CONFIG
-    if not p.is_file():
-        return {}
-    data = json.loads(p.read_text(encoding="utf-8"))
-    return data if isinstance(data, dict) else {}
 
 
 def run_values(run: dict) -> dict[str, Any]:
@@ -215,52 +184,6 @@ def format_settings(settings: dict[str, Any], origin: dict[str, str] | None = No
         "            " + part(["harness.initial_state"]),
         "  reward:   " + part(["reward.citations", "reward.require_citation", "reward.min_answer_chars"]),
     ])
-
-
-def evaluation_subset(cfg) -> dict:
-    """The part of a run's config (an OmegaConf node or a plain dict) that evaluation reads, nested as in
-    the config, so one reader serves it and a whole ``run_config.json``. A chat template given as a file
-    is stored as its text (the file may not exist where the checkpoint is evaluated)."""
-    if not isinstance(cfg, dict):
-        from omegaconf import OmegaConf
-
-        cfg = OmegaConf.to_container(cfg, resolve=True)
-    out: dict[str, Any] = {}
-    for key in (*DEFAULTS, *WORKFLOW_KEYS):
-        value = _select(cfg, key)
-        if value is KeyError:
-            continue
-        if key == "model.chat_template" and value and "{" not in value and Path(value).expanduser().is_file():
-            value = Path(value).expanduser().read_text(encoding="utf-8")
-        section, name = key.rsplit(".", 1)
-        node = out
-        for part in section.split("."):
-            node = node.setdefault(part, {})
-        node[name] = value
-    return out
-
-
-def write_run_settings(directory: str | os.PathLike, cfg, note: str = "") -> Path:
-    """Write :func:`evaluation_subset` of ``cfg`` as ``<directory>/run_config.json`` (atomically).
-
-    A cache directory is shared by every run whose cold-start key matches, so the first writer wins;
-    a later run whose settings differ gets a warning naming the keys (evaluate it with its own export's
-    ``--run-config``, or flags).
-    """
-    path = Path(directory) / RUN_CONFIG
-    subset = evaluation_subset(cfg)
-    if path.is_file():
-        kept = read_run_config(path)
-        differ = [k for k in DEFAULTS if _select(kept, k) != _select(subset, k)]
-        if differ:
-            log.warning("%s records another run's settings (%s differ from this run's); kept as they are",
-                        path, ", ".join(differ))
-        return path
-    body = {**subset, "_note": note} if note else subset
-    tmp = path.with_name(f".{RUN_CONFIG}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
 
 
 def settings_path_for(out: str | os.PathLike) -> Path:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from score_lightning.errors import ColdStartUnavailable
-from score_lightning.evaluation.settings import RUN_CONFIG
+from score_lightning.data.run_config import RUN_CONFIG
 from score_lightning.files import file_sha256
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ sample a few rubrics / trajectories / evaluations from the result with the real 
 (:mod:`score_lightning.sft.probe`); save ``save_pretrained`` model + tokenizer + ``sft_meta.json``
 under ``sft.cache_dir/sft-<key>``, plus ``run_config.json``: the run settings evaluation needs (solver
 budgets and sampling, the prompt's harness state, the reward rule;
-:func:`~score_lightning.evaluation.settings.write_run_settings`), so ``scripts/evaluate.py`` rolls the
+:func:`~score_lightning.data.run_config.write_run_settings`), so ``scripts/evaluate.py`` rolls the
 cold start out as the run would. It is written when the checkpoint is trained, installed from the
 package (whose files stay as packaged) or reused from a cache that lacks it.
 
@@ -36,7 +36,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from score_lightning.evaluation.settings import write_run_settings
+from score_lightning.data.run_config import write_run_settings
 from score_lightning.rng import preserved_rng
 from score_lightning.sft.cache import META_FILE, is_complete, sft_output_path
 from score_lightning.sft.demo_types import Demo
