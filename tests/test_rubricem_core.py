@@ -100,25 +100,34 @@ def test_rubricem_tiny_trains_two_steps_with_stage_credit_on_the_cli(tmp_path, t
     assert all(v > 0 for _, v in s["solver/reward_mean"])
 
 
-def test_a_rubricem_run_is_carded_with_its_own_four_stage_prompt():
+def test_a_rubricem_run_is_carded_with_its_own_four_stage_prompt(tokenizer):
     """evaluate.py reads solver.agent=rubricem from the run's config and prompts held-out queries with the four
     stages (no guidance: a held-out query was never judged); a ReAct run's settings and prompt are unchanged."""
-    from score_lightning.evaluation.generate import solver_prompt
+    from score_lightning.evaluation.generate import solver_workflow
     from score_lightning.evaluation.generate_config import GenerateConfig
     from score_lightning.evaluation.settings import evaluation_subset, resolve_settings
     from score_lightning.harness.state import HarnessState
     from score_lightning.roles.rubric import fallback_rubric
+    from score_lightning.rollout.agent import AgentConfig
+    from score_lightning.rollout.scripted import ScriptedEngine
+    from score_lightning.rollout.workflows import SolverLoop
 
     s, origin = resolve_settings({}, evaluation_subset({"solver": {"agent": "rubricem", "max_tool_calls": 2}}), 8)
     assert s["solver.agent"] == "rubricem" and origin["solver.agent"] == "run"
     react, _ = resolve_settings({}, evaluation_subset({"solver": {"agent": "react"}}), 8)
     assert "solver.agent" not in react
     state = HarnessState()
-    em = solver_prompt(GenerateConfig(model="m", queries="q", out="o", agent="rubricem", max_tool_calls=2), "How?", fallback_rubric(state),
-                       state)
-    assert "<plan>" in em[0]["content"] and "Guidance" not in em[1]["content"]
-    plain = solver_prompt(GenerateConfig(model="m", queries="q", out="o", max_tool_calls=2), "How?", fallback_rubric(state), state)
-    assert "<plan>" not in plain[0]["content"]
+
+    def first_prompt(cfg: GenerateConfig) -> str:  # the prompt generate's workflow sends for one held-out query
+        engine, workflow = ScriptedEngine(tokenizer, lambda req: "<answer>It is.</answer>"), solver_workflow(cfg)
+        workflow.rollouts(engine, tokenizer, None, ["How?"], [fallback_rubric(state)], state,
+                          SolverLoop(1, None, AgentConfig(max_tool_calls=2)), workflow.options_from_settings(
+                              cfg.settings()), None, [{}])
+        return engine.requests[0].prompt
+
+    em = first_prompt(GenerateConfig(model="m", queries="q", out="o", agent="rubricem", max_tool_calls=2))
+    assert "<plan>" in em and "Guidance" not in em
+    assert "<plan>" not in first_prompt(GenerateConfig(model="m", queries="q", out="o", max_tool_calls=2))
     assert GenerateConfig(model="m", queries="q", out="o", agent="rubricem").settings()["solver.agent"] == "rubricem"
 
 

@@ -28,8 +28,8 @@ def test_workflow_demos_only_where_the_config_uses_them():
     assert workflow_key_inputs(base) == {}  # the default cold start's cache key is unchanged
     mams, arco = compose(["experiment=mams_tiny"]), compose(["experiment=arco_tiny"])
     m, a = WorkflowDemoSpec.from_cfg(mams), WorkflowDemoSpec.from_cfg(arco)
-    assert (m.num_mams, m.num_step, a.num_mams, a.num_step) == (240, 0, 0, 480)
-    assert m.mams.max_searches == int(mams.solver.max_tool_calls) and a.mams is None
+    assert (m["num_mams"], m["num_step"], a["num_mams"], a["num_step"]) == (240, 0, 0, 480)
+    assert m["mams"].max_searches == int(mams.solver.max_tool_calls) and a["mams"] is None
     assert workflow_key_inputs(mams) != workflow_key_inputs(arco) != {}
     assert [k.kind for k in workflow_kinds(m)] == ["mams"] and [k.kind for k in workflow_kinds(a)] == ["step"]
 
@@ -45,14 +45,15 @@ def test_workflow_demos_are_valid_and_leave_the_default_kinds_unchanged(tokenize
     new = demos[len(plain):]
     kinds = {d.kind for d in new}
     assert kinds == {"mams_search", "mams_state", "mams_report", "step"} and stats.built["mams"] > 0
-    budget = {"mams_search": spec.mams.search_tokens, "mams_state": spec.mams.state_tokens,
-              "mams_report": spec.mams.report_tokens, "step": spec.step_max_tokens}
+    mams = spec["mams"]
+    budget = {"mams_search": mams.search_tokens, "mams_state": mams.state_tokens,
+              "mams_report": mams.report_tokens, "step": spec["step_max_tokens"]}
     for d in new:
         text = tokenizer.decode(d.response_ids[:-1])  # without the appended EOS
         assert d.response_ids[-1] == tokenizer.eos_token_id and d.response_mask == [1] * len(d.response_ids)
         assert len(d.response_ids) - 1 < budget[d.kind], d.kind
         if d.kind.startswith("mams_"):
-            assert len(d.prompt_ids) <= spec.mams.max_context_tokens
+            assert len(d.prompt_ids) <= mams.max_context_tokens
         if d.kind == "mams_search":
             assert text == M.FINISH or parse_search_action(text).kind == "search", text
         elif d.kind == "mams_state":
@@ -74,7 +75,7 @@ def test_item_writing_demos_for_rler_and_drrubric_are_valid_and_shared(tokenizer
 
     rler, dr = compose(["experiment=rler_tiny"]), compose(["experiment=drrubric_tiny"])
     spec = WorkflowDemoSpec.from_cfg(rler)
-    assert spec == WorkflowDemoSpec.from_cfg(dr) and spec.num_items == 240
+    assert spec == WorkflowDemoSpec.from_cfg(dr) and spec["num_items"] == 240
     assert workflow_key_inputs(rler) == workflow_key_inputs(dr) != {}
     extra = [type(k)(k.kind, 8, k.per_prompt, k.group) for k in workflow_kinds(spec)]
     demos, stats = build_demos(tokenizer, bm25, queries, DemoBudgets.from_cfg(rler), 0, 0, 0, seed=5, extra=extra)
@@ -110,7 +111,7 @@ def test_rubricem_demos_are_valid_and_leave_the_item_writers_key_alone(tokenizer
 
     cfg = compose(["experiment=rubricem_tiny"])
     spec = WorkflowDemoSpec.from_cfg(cfg)
-    assert (spec.num_rubricem, spec.num_stage, spec.num_items) == (480, 480, 0)
+    assert (spec["num_rubricem"], spec["num_stage"], spec["num_items"]) == (480, 480, 0)
     assert "num_rubricem" not in workflow_key_inputs(compose(["experiment=rler_tiny"]))["workflow_demos"]
     extra = [type(k)(k.kind, 8, k.per_prompt, k.group) for k in workflow_kinds(spec)]
     demos, _ = build_demos(tokenizer, bm25, queries, DemoBudgets.from_cfg(cfg), 0, 0, 0, seed=4, extra=extra)

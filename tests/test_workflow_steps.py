@@ -23,7 +23,7 @@ from helpers import FAST, ROOT, compose, read_scalars
 from score_lightning.retrieval.base import SearchHit
 from score_lightning.methods.mams.prompts import parse_state
 from score_lightning.rollout.scripted import ScriptedEngine, ScriptRequest
-from score_lightning.rollout.scripted_roles import WORKFLOW_ROLES
+from score_lightning.rollout.scripted_roles import SCRIPTED_ROLES
 from score_lightning.rollout.search_steps import search_steps
 
 RUBRIC = ('<dimensions><dim name="factual_support" weight="0.50"/><dim name="evidence_coverage" weight="0.30"/>'
@@ -76,7 +76,7 @@ def script(req: ScriptRequest) -> str:
         return _react(req)
     if req.role == "step":
         return _judge(req)
-    return WORKFLOW_ROLES[req.role](req)  # MaMs roles: the library script (report quality by k)
+    return SCRIPTED_ROLES.get(req.role).respond(req)  # MaMs roles: the library script (report quality by k)
 
 
 def _one_step(tmp_path, extra: list[str], script_fn=None) -> dict:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import zlib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -52,12 +52,9 @@ from score_lightning.evaluation.generate_config import GenerateConfig, sources_p
 from score_lightning.evaluation.resumable import append_lines, dump_line, read_jsonl_resumable, sync_sources
 from score_lightning.evaluation.settings import describe_diff, settings_diff
 from score_lightning.harness.state import HarnessState
-from score_lightning.roles.prompts import format_rubric, solver_messages
 from score_lightning.roles.rubric import fallback_rubric
-from score_lightning.methods.rubricem.prompts import rubricem_messages
-from score_lightning.rollout.agent import AgentConfig, run_agent
-from score_lightning.rollout.chat import encode_chat
-from score_lightning.methods.mams.agent import MamsConfig, run_mams
+from score_lightning.rollout.agent import AgentConfig
+from score_lightning.rollout.workflows import SOLVER_WORKFLOWS, SolverLoop, SolverWorkflow
 
 log = logging.getLogger(__name__)
 
@@ -102,24 +99,13 @@ def check_settings(cfg: GenerateConfig, has_articles: bool) -> dict[str, Any]:
     return now
 
 
-def mams_config(cfg: GenerateConfig) -> MamsConfig | None:
-    """MaMs's budgets for ``cfg.agent=mams`` (the run's ``solver.mams`` over the class defaults), else None."""
-    if cfg.agent in ("react", "rubricem"):
-        return None
-    if cfg.agent != "mams":
-        raise ValueError(f"solver.agent={cfg.agent!r}: generate rolls out 'react', 'mams' or 'rubricem'")
-    known = {f.name for f in fields(MamsConfig)}
-    budgets = {k: int(v) for k, v in (cfg.mams or {}).items() if k in known}
-    return MamsConfig(**{**budgets, "max_searches": cfg.max_tool_calls, "topk": cfg.topk, "temperature": cfg.temperature,
-                         "top_p": cfg.top_p, "conclusion_line": cfg.conclusion_line})
-
-
-def solver_prompt(cfg: GenerateConfig, query: str, rubric, state: HarnessState) -> list[dict]:
-    """The run's own solver prompt: ReAct's, or RubricEM's four stages (without reflection guidance: a held-out
-    query was never judged, so its memory is empty)."""
-    if cfg.agent == "rubricem":
-        return rubricem_messages(query, rubric, state, cfg.max_tool_calls)
-    return solver_messages(query, rubric, state, cfg.max_tool_calls, cfg.conclusion_line)
+def solver_workflow(cfg: GenerateConfig) -> SolverWorkflow:
+    """The run's own workflow (``solver.agent``), as the step rolls it out (:data:`~score_lightning.rollout.workflows.
+    SOLVER_WORKFLOWS`); a name no plug-in registered is refused with those that exist."""
+    try:
+        return SOLVER_WORKFLOWS.get(cfg.agent)
+    except KeyError as exc:
+        raise ValueError(f"generate rolls out a registered solver workflow: {exc.args[0]}") from None
 
 
 def batch_seed(seed: int, ids: list[str]) -> int:
@@ -146,6 +132,8 @@ def generate_articles(
         raise ValueError(f"--batch-size must be >= 1, got {cfg.batch_size}")
     if cfg.samples < 1:
         raise ValueError(f"--samples must be >= 1, got {cfg.samples}")
+    workflow = solver_workflow(cfg)  # refused before any model loads
+    options = workflow.options_from_settings(cfg.settings())
     if cfg.samples > 1 and cfg.temperature <= 0:
         log.warning("--samples %d at temperature 0: greedy decoding gives %d identical samples", cfg.samples,
                     cfg.samples)
@@ -204,8 +192,8 @@ def generate_articles(
     state = HarnessState.from_dict(dict(cfg.harness_state or {}))
     rubric = fallback_rubric(state)
     rule = AnswerRule(cfg.citations, cfg.require_citation, cfg.min_answer_chars)
-    mams = mams_config(cfg)
     n = cfg.samples
+    loop = SolverLoop(n, None, agent_cfg, cfg.conclusion_line)  # query i's samples are rows i*n..; prompts uncapped
 
     bar = tqdm(total=len(queries), initial=skipped, desc="generate", unit="query", disable=not cfg.progress)
     try:
@@ -214,14 +202,9 @@ def generate_articles(
             if on_batch is not None:
                 on_batch(batch)
             torch.manual_seed(batch_seed(cfg.seed, [q.id for q in batch]))
-            encoded = [encode_chat(tokenizer, solver_prompt(cfg, q.prompt, rubric, state)) for q in batch]
-            prompts = [ids for ids in encoded for _ in range(n)]  # query-major: query i's samples are rows i*n..
             metas = [{"id": q.id, "sample": k} for q in batch for k in range(n)]
-            if mams is not None:  # the run's own workflow: one segmented MaMs trajectory per sample
-                trajs = run_mams(engine, tokenizer, [q.prompt for q in batch for _ in range(n)],
-                                 [format_rubric(rubric, state)] * len(metas), recorder, mams, metas)
-            else:
-                trajs = run_agent(engine, tokenizer, prompts, recorder, agent_cfg, metas)
+            trajs = workflow.rollouts(engine, tokenizer, recorder, [q.prompt for q in batch], [rubric] * len(batch),
+                                      state, loop, options, None, metas)
             art_lines, src_lines = [], []
             for i, q in enumerate(batch):
                 for k in range(n):

@@ -24,7 +24,7 @@ from score_lightning import protocol as P
 from score_lightning.rewards.citations import citation_spans
 from score_lightning.rollout.engine import Generation, SamplingParams
 from score_lightning.rollout.script_request import ScriptRequest, report_body  # noqa: F401  (re-exported)
-from score_lightning.rollout.scripted_roles import WORKFLOW_ROLES
+from score_lightning.rollout.scripted_roles import SCRIPTED_ROLES, system_marker
 from score_lightning.rollout.stops import first_stop
 
 _QUESTION_RE = re.compile(r"Question: (.*?)\n\n", re.DOTALL)
@@ -32,21 +32,14 @@ _FIRST_QUERY_RE = re.compile(r"Queries:\n1\. (.*?)\n")
 
 
 def prompt_role(prompt_text: str) -> str:
-    """Which of the actor's prompts this is, from its system message."""
-    from score_lightning.methods.mams import prompts as M
+    """Which of the actor's prompts this is, from its system message: the core's three, else a method's registered
+    role (:data:`~score_lightning.rollout.scripted_roles.SCRIPTED_ROLES`); ``"unknown"`` when none matches."""
     from score_lightning.roles.prompts import POINTWISE_SCORING_SYSTEM, RUBRIC_SYSTEM, SCORING_SYSTEM, SOLVER_SYSTEM
-    from score_lightning.methods.arco.judge import STEP_SYSTEM
-    from score_lightning.methods.rler.items import ITEMS_SYSTEM
-    from score_lightning.methods.rubricem.prompts import RUBRICEM_SYSTEM, STAGE_JUDGE_SYSTEM
-    from score_lightning.methods.rler.research_prompts import DISTIL_SYSTEM, RESEARCH_SYSTEM
 
-    for role, system in (("rubric", RUBRIC_SYSTEM), ("items", ITEMS_SYSTEM), ("scoring", SCORING_SYSTEM),
-                         ("scoring", POINTWISE_SCORING_SYSTEM),
-                         ("solver", SOLVER_SYSTEM), ("mams_search", M.MAMS_SEARCH_SYSTEM),
-                         ("mams_state", M.MAMS_STATE_SYSTEM), ("mams_report", M.MAMS_REPORT_SYSTEM),
-                         ("step", STEP_SYSTEM), ("research", RESEARCH_SYSTEM), ("distil", DISTIL_SYSTEM),
-                         ("rubricem", RUBRICEM_SYSTEM), ("stage_judge", STAGE_JUDGE_SYSTEM)):
-        if system.split("\n", 1)[0][:60] in prompt_text:
+    core = (("rubric", RUBRIC_SYSTEM), ("scoring", SCORING_SYSTEM), ("scoring", POINTWISE_SCORING_SYSTEM),
+            ("solver", SOLVER_SYSTEM))
+    for role, system in (*core, *((name, r.system) for name, r in SCRIPTED_ROLES.items())):
+        if system_marker(system) in prompt_text:
             return role
     return "unknown"
 
@@ -172,10 +165,8 @@ class ProtocolResponder:
             return self.solver(req)
         if req.role == "scoring":
             return self.scoring(req)
-        if req.role == "items":
-            return self.items(req)
-        if req.role in WORKFLOW_ROLES:  # solver.agent=mams, reward.step=rubric, rubric=drrubric
-            return WORKFLOW_ROLES[req.role](req)
+        if req.role in SCRIPTED_ROLES:  # a method's role: solver.agent=mams, reward.step=rubric, rubric=evolving ...
+            return SCRIPTED_ROLES.get(req.role).respond(req)
         return P.IM_END
 
     @staticmethod
@@ -196,19 +187,6 @@ class ProtocolResponder:
             return f"<think>search the corpus</think>{P.SEARCH_OPEN}{words}{P.SEARCH_CLOSE}"
         ids = _OBS_ID_RE.findall(req.context)
         return f"{P.ANSWER_OPEN}{report_body(words, ids[0] if ids else None, req.index % 3)}{P.ANSWER_CLOSE}"
-
-    @staticmethod
-    def items(req: ScriptRequest) -> str:
-        """RLER items: a first set from the search results, new ones when contrasting two reports."""
-        words = " ".join(re.findall(r"[A-Za-z_.]+", req.query)[:3]) or "the question"
-        if "[Best report]" in req.prompt:
-            body = (f'<item weight="0.5">Gives a concrete example of {words}</item>'
-                    '<item weight="0.3" sign="-">States a conclusion without any citation</item>')
-        else:
-            body = (f'<item weight="0.4">Explains {words} with a cited document</item>'
-                    '<item weight="0.3">Cites at least two retrieved documents</item>'
-                    '<item weight="0.3">Ends with a one-sentence conclusion</item>')
-        return f"<rubric_items>{body}</rubric_items>"
 
     def scoring(self, req: ScriptRequest) -> str:
         if req.turn < self.verify_searches:

@@ -37,7 +37,7 @@ from score_lightning.sft.demo_types import (
 from score_lightning.sft.rubric_demos import rubric_group
 from score_lightning.sft.scoring_demos import scoring_group
 from score_lightning.sft.solver_demos import solver_group
-from score_lightning.sft.workflow_demos import ExtraKind
+from score_lightning.sft.demo_registry import ExtraKind
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class DemoBuilder:
               scoring_contrast: float = 0.0, scoring_weights: tuple[float, ...] | None = None) -> list[Demo]:
         """About ``n_*`` demos per kind, in groups of ``per_prompt[kind]`` responses sharing one prompt.
 
-        ``extra`` registers the solver workflows' kinds (:mod:`~score_lightning.sft.workflow_demos`),
+        ``extra`` registers the methods' kinds (:mod:`~score_lightning.sft.workflow_demos`),
         built after the default three, which stay byte-identical. ``scoring_contrast``: the share of scoring
         prompts built as contrast groups (:func:`~score_lightning.sft.scoring_demos.scoring_group`);
         ``scoring_weights``: the draw weight of each report kind in the others (None: the defaults).

@@ -11,21 +11,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from score_lightning import protocol as P
 from score_lightning.harness.state import HarnessState
 from score_lightning.retrieval.base import RetrievalError, Retriever, hits_or_failed
 from score_lightning.roles.cited_passages import cited_passages, corpus_texts, passage_texts
 from score_lightning.roles.evidence import EvidenceDoc, evidence_from_hits
-from score_lightning.roles.prompts import format_rubric, scoring_messages, solver_messages
+from score_lightning.roles.prompts import scoring_messages
 from score_lightning.roles.rubric import Rubric
-from score_lightning.methods.rubricem.prompts import rubricem_messages
 from score_lightning.rollout.agent import AgentConfig, run_agent
 from score_lightning.rollout.chat import encode_chat, truncate_text
 from score_lightning.rollout.constrained import ScoringConstraint, text_added_tokens
 from score_lightning.rollout.engine import RolloutEngine
-from score_lightning.methods.mams.agent import MamsConfig, run_mams
 from score_lightning.rollout.trajectory import Trajectory
+from score_lightning.rollout.workflows import SOLVER_WORKFLOWS, rollout_metas
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +40,8 @@ class RolloutSettings:
     scoring: AgentConfig
     max_report_tokens: int  # each report is cut to this many tokens inside the scoring prompt
     conclusion_line: bool = True  # ask the solver to end with "Conclusion: ..."
-    agent: str = "react"  # solver.agent: react (one ReAct loop) | mams (search / state / report roles) | rubricem
-    mams: MamsConfig | None = None  # solver.mams.* budgets (solver.agent=mams)
+    agent: str = "react"  # solver.agent: the registered workflow (rollout/workflows.py): react | mams | rubricem
+    options: Any = None  # that workflow's own budgets (SolverWorkflow.options_from_cfg; mams: solver.mams.*)
     constrained_scoring: bool = False  # evaluator.constrained_scoring: scoring turns held to the rubric's XML
     constrained_max_chars: dict | None = None  # evaluator.constrained_max_chars: caps of its free-text fields
     scoring_protocol: str = "joint"  # evaluator.scoring: joint (one evaluation of all K) | pointwise (one per report)
@@ -68,7 +68,7 @@ class RolloutSettings:
         )
         agent = str(s.get("agent", "react"))
         return cls(int(s.num_rollouts), int(s.max_prompt_tokens), solver, scoring, int(e.max_report_tokens),
-                   bool(s.get("conclusion_line", True)), agent, MamsConfig.from_cfg(cfg) if agent == "mams" else None,
+                   bool(s.get("conclusion_line", True)), agent, SOLVER_WORKFLOWS.get(agent).options_from_cfg(cfg),
                    bool(e.get("constrained_scoring", False)), constrained_max_chars(cfg),
                    str(e.get("scoring", "joint")), bool(e.get("show_retrieved", False)),
                    int(e.get("max_prompt_tokens", s.max_prompt_tokens)), str(e.get("score_readout", "sampled")),
@@ -108,23 +108,11 @@ def solver_rollouts(engine: RolloutEngine, tokenizer, retriever: Retriever, quer
                     guidance: Sequence[str] | None = None) -> list[Trajectory]:
     """K trajectories per query, each conditioned on its query's rubric; query-major order.
 
-    ``solver.agent=rubricem``: the four-stage prompt, with each query's reflection-memory ``guidance``."""
-    if settings.agent == "mams":  # the same K-per-query layout, one segmented trajectory each
-        return run_mams(engine, tokenizer, [q for q in queries for _ in range(settings.num_rollouts)],
-                        [format_rubric(r, state) for r in rubrics for _ in range(settings.num_rollouts)], retriever,
-                        settings.mams, [{"query_index": i, "k": k} for i in range(len(queries))
-                                        for k in range(settings.num_rollouts)])
-    prompts, metas = [], []
-    for qi, (q, rubric) in enumerate(zip(queries, rubrics)):
-        if settings.agent == "rubricem":
-            msgs = rubricem_messages(q, rubric, state, settings.solver.max_tool_calls, guidance[qi] if guidance else "")
-        else:
-            msgs = solver_messages(q, rubric, state, settings.solver.max_tool_calls, settings.conclusion_line)
-        ids = encode_chat(tokenizer, msgs, settings.max_prompt_tokens)
-        for k in range(settings.num_rollouts):
-            prompts.append(ids)
-            metas.append({"query_index": qi, "k": k})
-    return run_agent(engine, tokenizer, prompts, retriever, settings.solver, metas)
+    ``settings.agent`` names the registered workflow that rolls them out (:data:`~score_lightning.rollout.workflows.
+    SOLVER_WORKFLOWS`); ``guidance``, per query, is what a workflow with a reflection memory shows (rubricem)."""
+    workflow = SOLVER_WORKFLOWS.get(settings.agent)
+    return workflow.rollouts(engine, tokenizer, retriever, queries, rubrics, state, settings, settings.options,
+                             guidance, rollout_metas(len(queries), settings.num_rollouts))
 
 
 def report_citations(tokenizer, retriever, reports: Sequence[str], retrieved: Sequence[Sequence[str]] | None,

@@ -38,8 +38,8 @@ from score_lightning.step.loss_registry import (loss_scale, normaliser, policy_l
                                                 scaled_advantages)
 from score_lightning.step.loss_variants import default_buffer_len, overlong_penalty
 from score_lightning.step.rollout_correction import RolloutCorrection, batch_correction
-from score_lightning.methods.mams.agent import MamsConfig
 from score_lightning.rollout.trajectory import Trajectory
+from score_lightning.rollout.workflows import SOLVER_WORKFLOWS
 from score_lightning.step.solver_rows import TokenBonus, token_advantages, training_rows
 
 
@@ -96,12 +96,10 @@ class GRPOSettings:
 
 
 def trajectory_cap(cfg) -> int:
-    """The most response tokens one trajectory holds: ``solver.max_response_tokens``, or under ``solver.agent=mams``
-    (one trajectory, many role calls, each with its own budget) the sum of its role calls' budgets, so that dr_grpo's
-    sequence is the whole trajectory, not one role call."""
-    if str(cfg.solver.agent) == "mams":
-        return MamsConfig.from_cfg(cfg).max_response_tokens
-    return int(cfg.solver.max_response_tokens)
+    """The most response tokens one trajectory holds, as the run's workflow says (``SolverWorkflow.trajectory_tokens``):
+    ``solver.max_response_tokens``, or under ``solver.agent=mams`` (one trajectory, many role calls, each with its own
+    budget) the sum of its role calls' budgets, so that dr_grpo's sequence is the whole trajectory, not one role call."""
+    return SOLVER_WORKFLOWS.get(str(cfg.solver.agent)).trajectory_tokens(cfg)
 
 
 @dataclass(frozen=True)

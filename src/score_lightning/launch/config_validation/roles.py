@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from score_lightning.launch.config_validation.topology import data_parallel_size
 from score_lightning.rollout.modes import evaluator_on_vllm
+from score_lightning.rollout.workflows import SOLVER_WORKFLOWS
 from score_lightning.launch.config_validation.values import BOOL, Checks, integer, number, one_of
 
 
@@ -160,9 +161,11 @@ def check_reward(c: Checks) -> None:
 
 
 def check_solver_workflow(c: Checks) -> None:
-    """``solver.agent`` (react | mams | rubricem) with the MaMs budgets, and ``reward.step`` (none | rubric | stage)."""
-    c("solver.agent", one_of("react", "mams", "rubricem"), "'react' (one ReAct loop), 'mams' (search / state / report "
-      "roles) or 'rubricem' (plan / research / review / answer stages on a self-written rubric)")
+    """``solver.agent`` (a registered workflow) with the MaMs budgets, and ``reward.step`` (none | rubric | stage)."""
+    workflows = SOLVER_WORKFLOWS.names()  # the registered ones (rollout/workflows.py, methods/)
+    c("solver.agent", one_of(*workflows), f"one of the registered solver workflows: {', '.join(workflows)} ('react': "
+      "one ReAct loop; 'mams': search / state / report roles; 'rubricem': plan / research / review / answer stages "
+      "on a self-written rubric)")
     c("reward.step", one_of("none", "rubric", "stage"), "'none', 'rubric' (ARCO-style step judgements) or 'stage' "
       "(RubricEM's stage judgements, with solver.agent=rubricem)")
     if c.get("reward.step") == "stage" and c.get("solver.agent") != "rubricem":

@@ -18,6 +18,7 @@ from score_lightning.rollout.agent import format_observation
 from score_lightning.rollout.chat import encode_chat
 from score_lightning.rollout.search_steps import observation_body
 from score_lightning.sft.context import DemoContext
+from score_lightning.sft.demo_registry import DEMO_SOURCES, DemoSource, ExtraKind
 from score_lightning.sft.demo_types import Demo, encode
 from score_lightning.sft.solver_demos import solver_plan
 from score_lightning.roles.text import query_entities, query_keywords
@@ -75,3 +76,22 @@ def step_group(ctx: DemoContext, rng: random.Random, query: str, n: int, max_tok
         out.append(Demo(STEP, prompt, ids + [ctx.eos], [1] * (len(ids) + 1),
                         meta={"query": query, "kind": kind, "relevance": rel, "novelty": nov, "hits": len(hits)}))
     return out
+
+
+def _key_fields(cfg, counts, on: bool) -> dict:
+    """The step judgements' counts and budget in the SFT cache key (present, zeroed, while off: the packaged keys
+    hold them)."""
+    return {"num_step": int(counts["step"]) if on else 0, "step_per_prompt": int(counts["step_per_prompt"]),
+            "step_max_tokens": int(cfg.reward.step_max_tokens)}
+
+
+def _kinds(fields) -> list[ExtraKind]:
+    if fields["num_step"] <= 0:
+        return []
+    max_tokens = fields["step_max_tokens"]
+    return [ExtraKind(STEP, fields["num_step"], fields["step_per_prompt"],
+                      lambda ctx, rng, query, n: step_group(ctx, rng, query, n, max_tokens))]
+
+
+#: ``reward.step=rubric``: step judgements; after MaMs's among the sources
+DEMO_SOURCES["reward.step"].register("rubric", DemoSource(1, {"step": 480, "step_per_prompt": 4}, _key_fields, _kinds))

@@ -29,6 +29,7 @@ from score_lightning.methods.mams.agent import MamsConfig, run_mams
 from score_lightning.rollout.scripted import ScriptedEngine, ScriptRequest
 from score_lightning.rollout.trajectory import Trajectory
 from score_lightning.sft.context import DemoContext
+from score_lightning.sft.demo_registry import DEMO_SOURCES, DemoSource, ExtraKind
 from score_lightning.sft.demo_types import Demo
 from score_lightning.sft.rubric_demos import random_rubric, random_state
 from score_lightning.sft.solver_demos import Evidence, build_answer, solver_plan
@@ -124,3 +125,21 @@ def _complete(traj: Trajectory, ctx: DemoContext, mams: MamsConfig) -> bool:
     """No role output was cut by its budget (each must end on its closing tag)."""
     budgets = {"search": mams.search_tokens, "state": mams.state_tokens, "report": mams.report_tokens}
     return all(len(s.response_ids) < budgets[s.role] for s in traj.segments)
+
+
+def _key_fields(cfg, counts, on: bool) -> dict:
+    """MaMs's budgets and counts in the SFT cache key (present, zeroed, while off: the packaged keys hold them)."""
+    return {"mams": MamsConfig.from_cfg(cfg) if on else None, "num_mams": int(counts["mams"]) if on else 0,
+            "mams_per_prompt": int(counts["mams_per_prompt"])}
+
+
+def _kinds(fields) -> list[ExtraKind]:
+    mams = fields["mams"]
+    if fields["num_mams"] <= 0 or mams is None:
+        return []
+    return [ExtraKind("mams", fields["num_mams"], fields["mams_per_prompt"],
+                      lambda ctx, rng, query, n: mams_group(ctx, rng, query, n, mams))]
+
+
+#: ``solver.agent=mams``: whole MaMs runs (one demo per role call); first among the sources
+DEMO_SOURCES["solver.agent"].register("mams", DemoSource(0, {"mams": 240, "mams_per_prompt": 2}, _key_fields, _kinds))

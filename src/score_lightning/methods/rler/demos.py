@@ -28,6 +28,7 @@ from score_lightning.methods.rler.research_prompts import (
     FINDINGS_CLOSE, FINDINGS_OPEN, distil_messages, observed_passages, research_messages,
 )
 from score_lightning.sft.context import DemoContext
+from score_lightning.sft.demo_registry import DEMO_SOURCES, DemoSource, ExtraKind
 from score_lightning.sft.demo_types import Demo, encode
 from score_lightning.sft.solver_demos import answer_for, solver_plan, visible_evidence
 from score_lightning.roles.text import first_sentence, query_entities, query_keywords
@@ -179,3 +180,24 @@ def _research_plan(ctx: DemoContext, rng: random.Random, query: str) -> tuple[li
 
 def _first(hit: SearchHit) -> str:
     return first_sentence(hit.text[:PASSAGE_CHARS], 12)
+
+
+def _key_fields(cfg, counts, on: bool) -> dict:
+    """The item-writing counts in the SFT cache key (present, zeroed, while off: the packaged keys hold them)."""
+    return {"num_items": int(counts["items"]) if on else 0, "items_per_prompt": int(counts["items_per_prompt"])}
+
+
+def _kinds(fields) -> list[ExtraKind]:
+    if fields["num_items"] <= 0:
+        return []
+    groups = ((ITEMS_INIT, init_group), (ITEMS_CONTRAST, contrast_group), (RESEARCH, research_group),
+              (DISTIL, distil_group))
+    return [ExtraKind(kind, fields["num_items"] // 2 if kind == ITEMS_CONTRAST else fields["num_items"],
+                      fields["items_per_prompt"], group) for kind, group in groups]
+
+
+#: the rubric sources whose writer writes <rubric_items> (rubric=evolving, rubric=drrubric) get all four kinds: one
+#: source under both names, so rler_tiny and drrubric_tiny share one cold start; after the step judgements'
+ITEM_DEMOS = DemoSource(2, {"items": 240, "items_per_prompt": 4}, _key_fields, _kinds)
+for _writer in ("EvolvingRubrics", "DeepResearchRubrics"):
+    DEMO_SOURCES["rubric"].register(_writer, ITEM_DEMOS)

@@ -17,6 +17,7 @@ from score_lightning.methods.rubricem.prompts import (
 )
 from score_lightning.rollout.chat import encode_chat
 from score_lightning.sft.context import DemoContext
+from score_lightning.sft.demo_registry import DEMO_SOURCES, DemoSource, ExtraKind
 from score_lightning.sft.demo_types import Demo, encode
 from score_lightning.methods.rler.demos import evidence_items, items_text, query_names, shown_evidence
 from score_lightning.sft.solver_demos import answer_for, solver_plan, solver_prompt
@@ -90,3 +91,29 @@ def stage_judge_group(ctx: DemoContext, rng: random.Random, query: str, n: int, 
             continue
         out.append(Demo(STAGE_JUDGE, prompt, ids + [ctx.eos], [1] * (len(ids) + 1), meta={"query": query, **j}))
     return out
+
+
+def _later_fields(name: str):
+    """Fields added after cold starts were packaged: in the SFT cache key only while on with a non-zero count, so
+    every other key (the packaged ones) is unchanged."""
+    def key_fields(cfg, counts, on: bool) -> dict:
+        n = int(counts[name]) if on else 0
+        return {f"num_{name}": n, f"{name}_per_prompt": int(counts[f"{name}_per_prompt"])} if n else {}
+    return key_fields
+
+
+def _rubricem_kinds(fields) -> list[ExtraKind]:
+    n = fields.get("num_rubricem", 0)
+    return [ExtraKind(RUBRICEM, n, fields["rubricem_per_prompt"], rubricem_group)] if n > 0 else []
+
+
+def _stage_kinds(fields) -> list[ExtraKind]:
+    n = fields.get("num_stage", 0)
+    return [ExtraKind(STAGE_JUDGE, n, fields["stage_per_prompt"], stage_judge_group)] if n > 0 else []
+
+
+#: ``solver.agent=rubricem``: four-stage trajectories; ``reward.step=stage``: stage judgements (the last two sources)
+DEMO_SOURCES["solver.agent"].register("rubricem", DemoSource(
+    3, {"rubricem": 480, "rubricem_per_prompt": 4}, _later_fields("rubricem"), _rubricem_kinds))
+DEMO_SOURCES["reward.step"].register("stage", DemoSource(
+    4, {"stage": 480, "stage_per_prompt": 4}, _later_fields("stage"), _stage_kinds))
