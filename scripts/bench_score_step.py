@@ -54,9 +54,8 @@ BUDGET_KEYS = ("solver.num_rollouts", "data.batch_size", "solver.max_response_to
 MODULE_WRAPS = (("initial_evidence", "evidence"), ("solver_rollouts", "solver_rollouts"),
                 ("scoring_rollouts", "scoring"), ("parse_answers", "rewards"), ("assemble_rewards", "rewards"),
                 ("sample_rewards", "rewards"), ("centre", "rewards"), ("solver_update", "grpo_update"),
-                ("evaluator_update", "reinforce_update"), ("record_rewards", "logging"),
-                ("record_rollouts", "logging"), ("record_solver_update", "logging"), ("step_samples", "logging"),
-                ("global_values", "logging"), ("report_distributions", "logging"), ("report_texts", "logging"))
+                ("evaluator_update", "reinforce_update"), ("record_step", "logging"),
+                ("record_solver_update", "logging"))
 
 
 def overrides(a, side: str, out: str) -> list[str]:
@@ -122,7 +121,8 @@ def worker(a) -> None:
 
     timer = PhaseTimer()
     missing = [name for name, phase in MODULE_WRAPS if not timer.wrap(M, name, phase)]
-    for owner, name, phase in ((StepScalars, "compute", "logging"), (M.ScoreModule, "log_step_metrics", "logging"),
+    for owner, name, phase in ((StepScalars, "compute", "logging"), (M.ScoreModule, "step_metrics", "logging"),
+                               (M.ScoreModule, "log_step", "logging"),
                                (pl.Trainer, "save_checkpoint", "checkpoint"),
                                (MetaHarnessCallback, "on_train_batch_end", "harness")):
         if not timer.wrap(owner, name, phase):

@@ -131,14 +131,15 @@ def test_a_step_trains_the_pair_rubrics_by_grpo(tmp_path, tiny_ckpt, corpus_file
     def install(module):
         engine = ScriptedEngine(module.tokenizer, lambda req: prompts.append(req) or _respond(req))
         module.engine = module.evaluator_engine = engine
-        original = module.preference_rubric_groups
+        objective = module.objectives[-1]  # evaluator.reward=preference's own, after the step credit and scoring
+        original = objective.rubric_groups
 
-        def recorded():
-            groups = original()
+        def recorded(step):
+            groups = original(step)
             seen["groups"], seen["rows"] = groups, [s for s in groups.samples if s.sampled]
             return groups
 
-        module.preference_rubric_groups = recorded
+        objective.rubric_groups = recorded
         module.pre_step_hook = hook
 
     run(cfg, extra_callbacks=[Keep()], module_hook=install)

@@ -267,6 +267,7 @@ def test_each_mode_runs_three_steps_on_the_cli(mode, tmp_path, tiny_ckpt):
 
 def test_discriminative_reward_pools_group_spreads(tokenizer):
     from score_lightning.step.evaluator_phase import sample_rewards
+    from score_lightning.step.objectives import EVALUATOR_REWARDS
     from score_lightning.step.scalars import StepScalars
     from score_lightning.step.types import RubricSample, StepRubric
 
@@ -277,7 +278,7 @@ def test_discriminative_reward_pools_group_spreads(tokenizer):
                          rubric_part=part, rewards=part + 1)
     rubric = Rubric(("factual_support",), (1.0,))
     ro = SimpleNamespace(rubrics=StepRubric([rubric] * 3, [(RubricSample(rubric, True, "", [1], [2], [1]), None)]))
-    rewards, consistency = sample_rewards("discriminative", ro, rw, StepScalars(), 3, 0.0)
+    rewards, consistency = sample_rewards(EVALUATOR_REWARDS.get("discriminative"), ro, rw, StepScalars(), 3, 0.0)
     # std(0.2, 0.6, 0.4) and std(0.5, 0.5) = 0 pooled over the two queries with two or more valid reports
     assert rewards[0] == pytest.approx((part[:3].std(unbiased=False).item() + 0.0) / 2)
 
@@ -286,6 +287,7 @@ def test_discriminative_reward_without_a_valid_group_is_no_signal(tokenizer):
     """A step where no query has two valid reports (common at a tiny cold start) gives the rubric no reward and logs
     NaN, instead of failing the step: the tag exists on every rank, so the collective reduction stays in step."""
     from score_lightning.step.evaluator_phase import sample_rewards
+    from score_lightning.step.objectives import EVALUATOR_REWARDS
     from score_lightning.step.scalars import StepScalars
     from score_lightning.step.types import RubricSample, StepRubric
 
@@ -296,6 +298,6 @@ def test_discriminative_reward_without_a_valid_group_is_no_signal(tokenizer):
     rubric = Rubric(("factual_support",), (1.0,))
     ro = SimpleNamespace(rubrics=StepRubric([rubric] * 2, [(RubricSample(rubric, True, "", [1], [2], [1]), None)]))
     sc = StepScalars()
-    rewards, _ = sample_rewards("discriminative", ro, rw, sc, 3, 0.0)
+    rewards, _ = sample_rewards(EVALUATOR_REWARDS.get("discriminative"), ro, rw, sc, 3, 0.0)
     assert rewards == [None]  # no signal: the sample is left out of the REINFORCE update
     assert math.isnan(sc.compute()["evaluator/discriminative"])

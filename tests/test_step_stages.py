@@ -96,12 +96,14 @@ def test_process_rules_gate_the_whole_evaluation():
 
 
 def test_evaluator_reward_rules():
-    assert ER.evaluator_reward("consistency", True, 0.4, 0.0) == 0.4
-    assert ER.evaluator_reward("consistency", True, float("nan"), 0.0) is None  # no group with 2 valid reports
-    assert ER.evaluator_reward("consistency", False, float("nan"), -0.1) == -0.1  # invalid rubric
-    assert ER.evaluator_reward("solver_reward", True, 1.5, 0.0) == 1.5  # the "no consistency" ablation
-    with pytest.raises(ValueError, match="evaluator.reward"):
-        ER.evaluator_reward("rubric", True, 0.4, 0.0)
+    from score_lightning.step.objectives import EVALUATOR_REWARDS
+
+    assert ER.rubric_reward(True, 0.4, 0.0) == 0.4
+    assert ER.rubric_reward(True, float("nan"), 0.0) is None  # no group with 2 valid reports
+    assert ER.rubric_reward(False, float("nan"), -0.1) == -0.1  # invalid rubric
+    assert ER.rubric_reward(True, 1.5, 0.0) == 1.5  # the "no consistency" ablation's mean reward
+    with pytest.raises(KeyError, match="evaluator.reward='rubric'"):
+        EVALUATOR_REWARDS.get("rubric")
 
 
 def test_discriminative_and_per_query_values_by_hand():
@@ -111,8 +113,9 @@ def test_discriminative_and_per_query_values_by_hand():
     # only valid reports count: 0.2 and 0.6 around 0.4; a query with one valid report has no spread
     assert ER.group_spreads(part, [True, True, False, True, False, False], 3) == [pytest.approx(0.2), None]
     rewards = torch.tensor([1.2, 1.6, 0.0, 1.5, 1.5, 1.5])
-    assert ER.per_query_values("solver_reward", ANSWERS * 2, part, rewards, 3) == pytest.approx([2.8 / 3, 1.5])
-    values = ER.per_query_values("consistency", ANSWERS * 2, part, rewards, 3)
+    inputs = ER.RewardInputs(ANSWERS * 2, part, rewards, [True] * 6, 3, math.nan)
+    assert ER.SOLVER_REWARD.query_values(inputs) == pytest.approx([2.8 / 3, 1.5])
+    values = ER.CONSISTENCY.query_values(inputs)
     assert values[0] == pytest.approx(0.0)  # "yes." vs "no.": no shared word
 
 

@@ -216,14 +216,19 @@ def test_solver_reward_and_the_spreads_leave_unjudged_reports_out_by_hand():
     reports (rows 1 and 4) are valid, with rubric part 0 and reward 1; they must not count."""
     from types import SimpleNamespace
 
-    from score_lightning.step import evaluator_reward as ER
+    from score_lightning.step.evaluator_reward import RewardInputs
+    from score_lightning.step.objectives import EVALUATOR_REWARDS
 
     answers = [SimpleNamespace(valid=True, answer="r")] * 6
     part = torch.tensor([0.2, 0.0, 0.6, 0.5, 0.0, 0.9])
     judged = [True, False, True, True, False, True]
-    assert ER.per_query_values("solver_reward", answers, part, part + 1, 3, judged) == pytest.approx([1.4, 1.7])
-    assert ER.per_query_values("discriminative", answers, part, part + 1, 3, judged) == pytest.approx([0.2, 0.2])
-    assert ER.per_query_values("solver_reward", answers, part, part + 1, 3, [False] * 3 + [True] * 3)[0] is None
+
+    def per_query(kind: str, judged: list[bool]) -> list:
+        return EVALUATOR_REWARDS.get(kind).query_values(RewardInputs(answers, part, part + 1, judged, 3, math.nan))
+
+    assert per_query("solver_reward", judged) == pytest.approx([1.4, 1.7])
+    assert per_query("discriminative", judged) == pytest.approx([0.2, 0.2])
+    assert per_query("solver_reward", [False] * 3 + [True] * 3)[0] is None
 
 
 # ----------------------------------------------------------------------------- preference pairs
@@ -284,7 +289,7 @@ def test_a_pair_with_a_cut_evaluation_is_left_out_whichever_report_came_first(gr
 
         class Keep(L.Callback):
             def on_train_batch_end(self, trainer, module, *args):
-                seen["step"], seen["pref"] = module.last_step, module.preference
+                seen["step"], seen["pref"] = module.last_step, module.objectives[-1].reward  # the preference objective
 
         def install(module, cut=cut):
             module.engine = module.evaluator_engine = ScriptedEngine(module.tokenizer, _pair_responder(cut))

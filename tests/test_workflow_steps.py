@@ -95,7 +95,13 @@ def _one_step(tmp_path, extra: list[str], script_fn=None) -> dict:
         module.engine = module.evaluator_engine = ScriptedEngine(module.tokenizer, script_fn or script)
         module.retriever = Docs()
         judge = module.step_stage.judge
-        module.step_stage.judge = lambda *a: seen.setdefault("judgement", judge(*a))
+
+        def judged(view):  # reward.step's objective: keep the step's judgement it folds
+            bonus = judge(view)
+            seen.setdefault("judgement", getattr(module.step_stage, "judgement", None))  # None: reward.step=none
+            return bonus
+
+        module.step_stage.judge = judged
 
     def dense(*a):
         seen["dense"].append(real_dense(*a))

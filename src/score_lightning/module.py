@@ -2,17 +2,17 @@
 
 Step t (Algorithm 1; each stage lives in :mod:`score_lightning.step`): initial evidence -> one
 rubric for the global batch -> K solver rollouts per query -> scoring -> rewards (gates, verifier)
--> Phase 1 solver GRPO -> evaluator reward + EMA -> Phase 2 evaluator REINFORCE (every U) ->
-scheduler statistics -> logging. ``score_step`` counts SCORE steps, and Lightning's ``global_step``
-is kept equal to it (``glue.run_state.RunStateHooks.advance_global_step``), so ``trainer.max_steps``, checkpoint
-intervals, the harness period and the TensorBoard x-axis all count SCORE steps.
+-> the objectives' judgements -> Phase 1 solver GRPO -> evaluator reward + EMA -> the objectives folded ->
+Phase 2 evaluator REINFORCE (every U) -> scheduler statistics -> logging. ``score_step`` counts SCORE steps, and
+Lightning's ``global_step`` is kept equal to it (``glue.run_state.RunStateHooks.advance_global_step``), so
+``trainer.max_steps``, checkpoint intervals, the harness period and the TensorBoard x-axis all count SCORE steps.
+The step names no method: ``evaluator.reward`` and ``reward.step`` select registered plug-ins
+(:mod:`score_lightning.step.objectives`).
 """
 
 from __future__ import annotations
 
-import logging
 import math
-import time
 from typing import Callable
 
 import numpy as np
@@ -21,37 +21,36 @@ from omegaconf import DictConfig, OmegaConf
 
 from score_lightning.glue.building import BuildingHooks
 from score_lightning.glue.outputs import OutputHooks
-from score_lightning.methods.preference.hooks import PreferenceHooks
 from score_lightning.glue.run_state import RunStateHooks
 from score_lightning.harness.scheduler import DimensionScheduler
 from score_lightning.harness.state import HarnessState
 from score_lightning.harness.stats_window import StatsWindow
 from score_lightning.rewards.functions import EMABaseline
-from score_lightning.step.evaluator_phase import centre, sample_rewards
+from score_lightning.step.evaluator_objective import StepView, merged_bonuses
+from score_lightning.step.evaluator_phase import EvaluatorSignal, centre, sample_rewards
 from score_lightning.step.evaluator_update import ReinforceSettings, evaluator_update
+from score_lightning.step.objectives import (
+    EVALUATOR_REWARDS, build_objectives, fold_objectives, measured_value, trains_step_rubric,
+)
 from score_lightning.rollout.modes import asynchronous, stale_rollouts
 from score_lightning.step.citation_reward import observed_passages
 from score_lightning.step.dynamic_sampling import EXTRA_STREAM_SEED, DynamicSampling
 from score_lightning.step.faults import FaultMonitor
-from score_lightning.step.record import record_ranking, record_rewards, record_rollouts, record_solver_update
-from score_lightning.step.report import global_values, report_distributions, report_texts, throughput
+from score_lightning.step.record import record_solver_update, record_step
+from score_lightning.step.report import StepClock, StepOutcome
 from score_lightning.generation.generator import GenerationHooks, stamp_policy_version
 from score_lightning.step.judge_scoring import check_judgements, uses_judge
 from score_lightning.step.judged_rows import judged_view
 from score_lightning.generation.prefetch import RolloutPrefetcher, record_async
 from score_lightning.step.reward_assembly import RewardSettings, StepRewards
 from score_lightning.step.rollouts import RolloutSettings
-from score_lightning.step.samples import step_samples
 from score_lightning.step.scalars import StepScalars
-from score_lightning.step.scoring_reward import ScoringRewardStage
 from score_lightning.step.solver_update import GRPOSettings, solver_update
-from score_lightning.methods.rubricem.credit import step_stage_from_cfg
 from score_lightning.step.types import StepRollouts
 from score_lightning.policy.top_layers import update_scope
 
-log = logging.getLogger(__name__)
 
-class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, PreferenceHooks, LightningModule):
+class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, LightningModule):
     """The SCORE trainer. ``cfg`` is the full Hydra config (validated before construction).
 
     This file is the step; building models, engines and optimisers, the checkpointed run state, and
@@ -83,14 +82,16 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Pr
         from hydra.utils import instantiate
 
         self.rubric_source = instantiate(cfg.rubric, _convert_="all")  # score | evolving | given (configs/rubric/)
-        self.preference = instantiate(cfg.evaluator.preference, _convert_="all") \
-            if str(cfg.evaluator.reward) == "preference" else None
         self.rollout_settings = RolloutSettings.from_cfg(cfg)
         self.reward_settings = RewardSettings.from_cfg(cfg)
         self.grpo_settings = GRPOSettings.from_cfg(cfg)
         self.reinforce_settings = ReinforceSettings.from_cfg(cfg)
-        self.step_stage = step_stage_from_cfg(cfg)  # reward.step=rubric: ARCO's step judgements; stage: RubricEM's
-        self.scoring_stage = ScoringRewardStage.from_cfg(cfg)  # evaluator.scoring_reward: the scoring tokens train
+        #: evaluator.reward: what each rubric sample earns (a registered EvaluatorReward)
+        self.evaluator_reward = EVALUATOR_REWARDS.get(str(cfg.evaluator.reward))
+        #: the evaluator's other objectives, in order: reward.step's credit, evaluator.scoring_reward, and
+        #: evaluator.reward's own (preference pairs); ``step_stage`` and ``scoring_stage`` name the first two
+        self.objectives = build_objectives(cfg, self.evaluator_reward)
+        self.step_stage, self.scoring_stage = self.objectives[:2]
         self.sampling = DynamicSampling.from_cfg(cfg)  # solver.dynamic_sampling: DAPO's draws until B groups teach
         #: rollout.mode=async: the worker that generates the next step's batch during this step's update
         self.prefetch = RolloutPrefetcher(cfg, model_path, tokenizer_path or model_path) if asynchronous(cfg) else None
@@ -108,101 +109,90 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Pr
 
     # ------------------------------------------------------------------ the step
     def training_step(self, batch: dict, batch_idx: int) -> None:
-        c = self.cfg
+        """One SCORE step, Algorithm 1: generate and score, judge, record, Phase 1, Phase 2, log."""
+        cfg = self.cfg
         self.data_cursor = int(batch.get("cursor", self.data_cursor + 1))
-        sc = StepScalars(self.device)
-        t0 = time.perf_counter()
-        if self.prefetch is None:  # rollout.mode=sync: the step generates its own batch, now
-            ro = self.step_rollouts = self.rollout(list(batch["prompt"]), [str(i) for i in batch.get("id", [])] or None)
-            t1 = time.perf_counter()
-            rw = self.score(ro)
-            ro, rw, drawn = self.draw_until_informative(ro, rw)  # solver.dynamic_sampling (a no-op when off)
-            stamp_policy_version(ro, self.score_step)
-            gen = None
-        else:  # rollout.mode=async: the worker's batch (generation/prefetch.py); it starts on the next one before the update
-            gen = self.prefetch.step_batch(self, batch)
-            ro, rw, drawn = gen.rollouts, gen.rewards, gen.drawn
-            record_async(sc, gen, self.score_step, self.prefetch.discarded)
-            self.last_weight_sync_s = self.prefetch.weight_sync_s
-            t1 = time.perf_counter()
-        self.step_rollouts = ro
-        judged = check_judgements(rw.judge, float(c.judge.max_failed_rate), c.callbacks.model_checkpoint.dirpath) \
-            if uses_judge(c) else {}  # too many failed judgements stop the run here, before any update
-        st = self.step_stage.judge(self.evaluator_engine, self.tokenizer, ro, rw, sc)  # no-op for reward.step=none
-        sj = self.scoring_stage.judge(ro, rw, self.K, sc)  # no-op for evaluator.scoring_reward=none
-        t2 = time.perf_counter()
-        record_rewards(sc, ro, rw, self.K, self.reward_settings.verifier_enabled, self.reward_settings.zero)
-        record_rollouts(sc, ro)
-        record_ranking(sc, ro, rw, self.K, self.reward_settings.rule_quality, self.reward_settings.items_path)
-        sc.mean("solver/zero_variance_group_rate", drawn[0], drawn[1])
-        sc.max("solver/sampling_draws", drawn[2])
-        metrics: dict[str, float] = dict(ro.rubrics.stats) | judged
-        # the rubric source learns from judged reports only: an unjudged one's row of zeros is no score
-        seen = judged_view(rw.scored.tolist(), self.K, rw.item_scores, self._reports(rw),
-                           rw.rewards.view(-1, self.K).tolist(), lambda: self._passages(ro))
-        metrics.update(self.rubric_source.observe(self.rubric_context(), ro.queries, ro.query_ids, seen[0], seen[1],
-                                                  seen[2], passages=seen[3]))
-        upd = None
-        if not bool(c.solver.freeze):
-            with update_scope(c, self.policy):  # frozen bottom layers run once per input; freed after this update
-                upd = solver_update(self.policy, self.ref, ro.solver, rw.rewards, self.grpo_settings,
-                                    self.tokenizer.pad_token_id, self.optimizer_hooks("solver", self.policy),
-                                    need_trainer_logprobs=self.engine_gap_logged, step_bonus=st.bonus,
-                                    neutral=rw.neutral, exclude=rw.excluded)
+        scalars, clock = StepScalars(self.device), StepClock()
+        rollouts, rewards, drawn = self.generate_batch(batch, scalars, clock)  # lines 1-6: rubric, K rollouts, scoring
+        # too many failed judgements stop the run here, before any update
+        judged = check_judgements(rewards.judge, float(cfg.judge.max_failed_rate),
+                                  cfg.callbacks.model_checkpoint.dirpath) if uses_judge(cfg) else {}
+        view = StepView(self, rollouts, rewards, scalars, self.K, self.score_step)
+        bonus = merged_bonuses([objective.judge(view) for objective in self.objectives])  # step credit, scoring reward
+        clock.lap("scoring")
+        record_step(scalars, rollouts, rewards, drawn, self.reward_settings, self.K)
+        metrics = dict(rollouts.rubrics.stats) | judged | self.observe_rubrics(rollouts, rewards)
+        solver = None
+        if not bool(cfg.solver.freeze):  # Phase 1: GRPO on the solver
+            with update_scope(cfg, self.policy):  # frozen bottom layers run once per input; freed after this update
+                solver = solver_update(self.policy, self.ref, rollouts.solver, rewards.rewards, self.grpo_settings,
+                                       self.tokenizer.pad_token_id, self.optimizer_hooks("solver", self.policy),
+                                       need_trainer_logprobs=self.engine_gap_logged, step_bonus=bonus,
+                                       neutral=rewards.neutral, exclude=rewards.excluded)
             # also the engine-trainer gap (rollout/logprob_diff, mismatch_kl, is_*) when it computed pi_old
-            record_solver_update(sc, upd, self.grpo_settings.correction)
-            metrics.update({"solver/grad_norm": float(np.mean(upd.grad_norms)) if upd.grad_norms else 0.0,
-                            "solver/updates": float(upd.updates)})
-        # Phase 2: each rubric sample's reward (pooled over ranks), EMA-centred, REINFORCE every U steps
-        kind = str(c.evaluator.reward)
-        groups = self.preference_rubric_groups() if kind == "preference" and self.preference.group_size > 1 else None
-        value = (lambda: groups.agreement) if groups is not None else self.preference_value(ro) \
-            if kind == "preference" else None
-        rewards, consistency = sample_rewards(kind, ro, rw, sc, self.K, float(c.evaluator.invalid_rubric_reward), value)
-        advantages, r_eval, advantage = centre(rewards, self.baseline)
-        if kind == "preference" and self.preference.appraisal_weight > 0:
-            metrics["evaluator/appraisal_failures"] = float(self.preference.appraisal_failures)  # cumulative
-        if kind == "preference":  # pair evaluations that did not finish: left out of the reward, counted
-            metrics["evaluator/preference_incomplete_rate"] = self.preference.incomplete_rate
-        trained, advantages = st.fold([s for (s, _), r in zip(ro.rubrics.samples, rewards) if r is not None], advantages,
-                                      r_eval is not None and self.rubric_source.trains_evaluator and groups is None)
-        trained, advantages = sj.fold(trained, advantages)
-        if groups is not None:  # GRPO over each pair's rubrics trains the writer; the step's rubric only logs
-            trained, advantages = groups.fold(trained, advantages)
-        due = (self.score_step + 1) % int(c.evaluator.update_every) == 0
-        if trained is not None and bool(c.evaluator.enabled) and due:
-            with update_scope(c, self.eval_model):  # the evaluator's own replays, freed after its update
+            record_solver_update(scalars, solver, self.grpo_settings.correction)
+            metrics.update({"solver/grad_norm": float(np.mean(solver.grad_norms)) if solver.grad_norms else 0.0,
+                            "solver/updates": float(solver.updates)})
+        # Phase 2: each rubric sample's reward (pooled over ranks), EMA-centred, the objectives folded in, REINFORCE
+        # every U steps
+        measured = measured_value([objective.measure(view) for objective in self.objectives])
+        signal = EvaluatorSignal()
+        signal.rewards, signal.consistency = sample_rewards(self.evaluator_reward, rollouts, rewards, scalars, self.K,
+                                                            float(cfg.evaluator.invalid_rubric_reward), measured)
+        signal.advantages, signal.mean_reward, signal.mean_advantage = centre(signal.rewards, self.baseline)
+        rubric_trains = signal.mean_reward is not None and self.rubric_source.trains_evaluator \
+            and trains_step_rubric(self.objectives)
+        rubric_rows = [sample for (sample, _), reward in zip(rollouts.rubrics.samples, signal.rewards)
+                       if reward is not None]
+        trained, advantages = fold_objectives(self.objectives, rubric_rows if rubric_trains else None,
+                                              signal.advantages)
+        due = (self.score_step + 1) % int(cfg.evaluator.update_every) == 0
+        if trained is not None and bool(cfg.evaluator.enabled) and due:
+            with update_scope(cfg, self.eval_model):  # the evaluator's own replays, freed after its update
+                hooks = self.optimizer_hooks("evaluator", self.eval_model)
                 metrics.update(evaluator_update(self.eval_model, self.ref, trained, advantages, self.reinforce_settings,
-                                                self.tokenizer.pad_token_id, self.optimizer_hooks("evaluator", self.eval_model)))
-        t3 = time.perf_counter()
-        self.scheduler.update_stats(ro.rubrics.first.dims, [consistency] if math.isfinite(consistency) else [])
-        for sch in self.lr_scheduler_list():
-            sch.step()
-        times = (t1 - t0, t2 - t1) if gen is None else (gen.rollout_s, gen.scoring_s + t2 - t1)  # async: the worker's
-        for tag, value in (("time/rollout_s", times[0]), ("time/scoring_s", times[1]), ("time/update_s", t3 - t2)):
-            sc.max(tag, value)
-        metrics["rollout/retrieval_errors_step"] = self.faults.record_step(ro)
-        metrics.update(sc.compute())
-        metrics.update(global_values(ro, r_eval, advantage, self))
-        metrics["throughput/tokens_per_s"] = throughput(metrics)
-        report_distributions(self.trainer, ro, rw, upd, self.score_step)
-        self.last_step = {"rollouts": ro, "rewards": rw, "solver": upd, "evaluator_reward": r_eval,
-                          "evaluator_advantage": advantage, "sample_rewards": rewards, "scoring": sj,
-                          "metrics": metrics}
-        self.stats_window.append(metrics)
+                                                self.tokenizer.pad_token_id, hooks))
+        clock.lap("update")
+        for objective in self.objectives:
+            metrics.update(objective.scalars())
+        self.scheduler.update_stats(rollouts.rubrics.first.dims,
+                                    [signal.consistency] if math.isfinite(signal.consistency) else [])
+        for lr_scheduler in self.lr_scheduler_list():
+            lr_scheduler.step()
+        outcome = StepOutcome(rollouts, rewards, solver, signal, self.scoring_stage.judgement, scalars, metrics, clock)
+        metrics = self.step_metrics(outcome)  # pooled over ranks (collective); kept in last_step
         self.score_step += 1
         self.advance_global_step()
-        self.log_step_metrics(metrics)
-        reason = self.faults.halt_reason()
-        if reason is not None:
-            self.halt(metrics, reason)
-        log.info("SCORE step %d done: reward=%.3f valid=%.2f rubric_valid=%d consistency=%.3f tool_calls=%.2f (%.1fs)",
-                 self.score_step - 1, metrics["solver/reward_mean"], metrics["solver/answer_valid_rate"],
-                 int(ro.rubrics.valid), consistency, metrics["rollout/tool_calls_mean"], time.perf_counter() - t0)
-        every = int(c.logging.text_every_n_steps)
-        if every > 0 and (every == 1 or self.score_step % every == 1):
-            report_texts(self.trainer, step_samples(ro, rw, self.harness_state, self.tokenizer), self.score_step - 1,
-                         str(c.paths.output_dir))
+        self.log_step(outcome, metrics)
+
+    def generate_batch(self, batch: dict, scalars: StepScalars, clock: StepClock
+                       ) -> tuple[StepRollouts, StepRewards, tuple]:
+        """The step's rollouts and rewards: generated now (``rollout.mode=sync``), or the worker's batch (``async``,
+        generation/prefetch.py: it starts on the next one before the update). Also dynamic sampling's draws."""
+        if self.prefetch is None:
+            rollouts = self.step_rollouts = self.rollout(list(batch["prompt"]),
+                                                         [str(i) for i in batch.get("id", [])] or None)
+            clock.lap("rollout")
+            rewards = self.score(rollouts)
+            rollouts, rewards, drawn = self.draw_until_informative(rollouts, rewards)  # a no-op when off
+            stamp_policy_version(rollouts, self.score_step)
+        else:
+            generated = self.prefetch.step_batch(self, batch)
+            rollouts, rewards, drawn = generated.rollouts, generated.rewards, generated.drawn
+            record_async(scalars, generated, self.score_step, self.prefetch.discarded)
+            self.last_weight_sync_s = self.prefetch.weight_sync_s
+            clock.add("rollout", generated.rollout_s)
+            clock.add("scoring", generated.scoring_s)
+            clock.lap(None)
+        self.step_rollouts = rollouts
+        return rollouts, rewards, drawn
+
+    def observe_rubrics(self, rollouts: StepRollouts, rewards: StepRewards) -> dict[str, float]:
+        """The rubric source learns from the judged reports only: an unjudged one's row of zeros is no score."""
+        seen = judged_view(rewards.scored.tolist(), self.K, rewards.item_scores, self._reports(rewards),
+                           rewards.rewards.view(-1, self.K).tolist(), lambda: self._passages(rollouts))
+        return self.rubric_source.observe(self.rubric_context(), rollouts.queries, rollouts.query_ids, seen[0],
+                                          seen[1], seen[2], passages=seen[3])
 
     def _extra_stream(self):
         """The extra draws' own query stream (training queries in another order; see ``extra_batch``)."""

@@ -1,4 +1,5 @@
-"""What leaves a SCORE step's process: its scalars to the loggers, a halt with its checkpoint, the export."""
+"""What leaves a SCORE step's process: its scalars to the loggers, a halt with its checkpoint, the console line, the
+text samples, the export."""
 
 from __future__ import annotations
 
@@ -11,12 +12,51 @@ from omegaconf import OmegaConf
 
 from score_lightning.errors import TrainingHalted
 from score_lightning.glue.environment import write_environment
+from score_lightning.step.report import (
+    PHASES, StepOutcome, global_values, report_distributions, report_texts, throughput,
+)
+from score_lightning.step.samples import step_samples
 
 log = logging.getLogger("score_lightning.module")
 
 
 class OutputHooks:
     """Logging, halting and export of :class:`~score_lightning.module.ScoreModule`."""
+
+    def step_metrics(self, outcome: StepOutcome) -> dict[str, float]:
+        """Every scalar of the finished step, pooled over ranks (collective); the step is kept in ``last_step`` and
+        its metrics in the harness's window."""
+        ro, sc, metrics = outcome.rollouts, outcome.scalars, dict(outcome.metrics)
+        for phase in PHASES:  # async: the rollout and scoring times include the worker's
+            sc.max(f"time/{phase}_s", outcome.clock.seconds[phase])
+        metrics["rollout/retrieval_errors_step"] = self.faults.record_step(ro)
+        metrics.update(sc.compute())
+        metrics.update(global_values(ro, outcome.evaluator.mean_reward, outcome.evaluator.mean_advantage, self))
+        metrics["throughput/tokens_per_s"] = throughput(metrics)
+        report_distributions(self.trainer, ro, outcome.rewards, outcome.solver, self.score_step)
+        self.last_step = {"rollouts": ro, "rewards": outcome.rewards, "solver": outcome.solver,
+                          "evaluator_reward": outcome.evaluator.mean_reward,
+                          "evaluator_advantage": outcome.evaluator.mean_advantage,
+                          "sample_rewards": outcome.evaluator.rewards, "scoring": outcome.scoring, "metrics": metrics}
+        self.stats_window.append(metrics)
+        return metrics
+
+    def log_step(self, outcome: StepOutcome, metrics: dict[str, float]) -> None:
+        """The step just counted (``score_step`` already advanced): to the loggers, a halt when a fault stops the run,
+        the console line, and every ``logging.text_every_n_steps`` steps its text samples."""
+        self.log_step_metrics(metrics)
+        reason = self.faults.halt_reason()
+        if reason is not None:
+            self.halt(metrics, reason)
+        ro, rw = outcome.rollouts, outcome.rewards
+        log.info("SCORE step %d done: reward=%.3f valid=%.2f rubric_valid=%d consistency=%.3f tool_calls=%.2f (%.1fs)",
+                 self.score_step - 1, metrics["solver/reward_mean"], metrics["solver/answer_valid_rate"],
+                 int(ro.rubrics.valid), outcome.evaluator.consistency, metrics["rollout/tool_calls_mean"],
+                 outcome.clock.elapsed())
+        every = int(self.cfg.logging.text_every_n_steps)
+        if every > 0 and (every == 1 or self.score_step % every == 1):
+            report_texts(self.trainer, step_samples(ro, rw, self.harness_state, self.tokenizer), self.score_step - 1,
+                         str(self.cfg.paths.output_dir))
 
     def log_step_metrics(self, metrics: dict[str, float]) -> None:
         # Every value is already reduced over ranks (StepScalars) or identical on all of them, so no

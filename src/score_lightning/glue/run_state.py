@@ -1,6 +1,7 @@
 """The run state beyond the weights, and how a checkpoint carries it: exact resume restores the step
-counter, data position, EMA baseline, scheduler statistics, harness state, fault counters, rubric
-buffers, every rank's RNG and, under ``rollout.mode=async``, the batch the worker had in flight."""
+counter, data position, EMA baseline, scheduler statistics, harness state, fault counters, the evaluator
+objectives' state, rubric buffers, every rank's RNG and, under ``rollout.mode=async``, the batch the worker had in
+flight."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ class RunStateHooks:
         checkpoint["score"] = {
             "score_step": self.score_step, "data_cursor": self.data_cursor, "baseline": self.baseline.state_dict(),
             "scheduler": self.scheduler.state_dict(), "harness_state": self.harness_state.to_dict(),
-            **self.faults.state_dict(), **self.step_stage.state_dict(), **self.scoring_stage.state_dict(),
+            **self.faults.state_dict(), **{k: v for o in self.objectives for k, v in o.state_dict().items()},
             "recent": self.stats_window.state(),
             "rng": rng_state(),
             # every rank's RNG (dump_checkpoint runs on all ranks; rank 0 writes the file)
@@ -69,8 +70,8 @@ class RunStateHooks:
         self.harness_state = HarnessState.from_dict(s["harness_state"])
         self.scheduler.load_state_dict(s["scheduler"])
         self.faults.load_state_dict(s)
-        self.step_stage.load_state_dict(s)
-        self.scoring_stage.load_state_dict(s)
+        for objective in self.objectives:  # the evaluator's objectives: their baselines, RubricEM's memory
+            objective.load_state_dict(s)
         self.stats_window.load(s.get("recent", []))
         merged: dict = {}
         for part in s.get("rubric_source") or []:

@@ -7,8 +7,8 @@ In the order ``ScoreModule.training_step`` calls them (Algorithm 1 of the paper)
 2. :mod:`~score_lightning.step.rollouts` - initial evidence D_q^0, K solver rollouts per query,
    then the evaluator's scoring rollouts (which may search to verify);
 3. :mod:`~score_lightning.step.reward_assembly` - validity, scores, process-constraint gates and
-   the reward verifier into the solver rewards s_i^k; with ``reward.step=rubric``,
-   :mod:`~score_lightning.methods.arco.step_rewards` - the evaluator's judgement of every search step;
+   the reward verifier into the solver rewards s_i^k; then the evaluator objectives' judgements
+   (:mod:`~score_lightning.step.objectives`: ``reward.step``'s credit, ``evaluator.scoring_reward``);
 4. :mod:`~score_lightning.step.solver_update` - Phase 1, GRPO on the shared actor, over the rows of
    :mod:`~score_lightning.step.solver_rows` (a MaMs trajectory trains one row per role call);
 5. :mod:`~score_lightning.step.evaluator_reward` and :mod:`~score_lightning.step.evaluator_update`

@@ -6,10 +6,7 @@ Every rank runs it in the same order (the reward pooling and the update are coll
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import torch
 
 from score_lightning import distributed as D
 from score_lightning.rewards.functions import EMABaseline
@@ -21,6 +18,8 @@ from score_lightning.step.types import StepRollouts
 
 @dataclass
 class EvaluatorSignal:
+    """Phase 2's reading of the step: what REINFORCE follows for the step's rubrics."""
+
     rewards: list[float | None] = field(default_factory=list)  # per rubric sample of this rank
     advantages: list[float] = field(default_factory=list)  # per sample with a reward
     mean_reward: float | None = None  # pooled over ranks: what the baseline follows
@@ -28,46 +27,34 @@ class EvaluatorSignal:
     consistency: float = math.nan
 
 
-def sample_rewards(kind: str, ro: StepRollouts, rw: StepRewards, sc: StepScalars, num_reports: int,
-                   invalid_reward: float, preference: Callable[[], float] | None = None) -> tuple[list[float | None], float]:
-    """Each rubric sample's R_eval under ``evaluator.reward``, and the pooled consistency (always logged).
+def sample_rewards(reward: ER.EvaluatorReward, rollouts: StepRollouts, rewards: StepRewards, scalars: StepScalars,
+                   num_reports: int, invalid_reward: float, measured: float | None = None
+                   ) -> tuple[list[float | None], float]:
+    """Each rubric sample's R_eval under ``reward`` (``evaluator.reward``'s entry), and the pooled consistency (always
+    logged). ``measured``: what an objective measured for the step's rubric (``EvaluatorObjective.measure``).
 
-    The score-based kinds read judged reports only: an unjudged report's row of zeros is no score."""
-    sc.consistency.update(ER.valid_conclusion_groups(rw.answers, num_reports))
-    judged = ER.judged_reports(rw)
-    if kind == "discriminative":
-        sc.mean("evaluator/discriminative", 0.0, 0)  # every rank creates the tag, even with no valid group to spread
-        for spread in ER.group_spreads(rw.rubric_part, ER.spread_mask(rw.answers, judged), num_reports):
-            if spread is not None:  # a query with fewer than two valid, judged reports has no spread to reward
-                sc.mean("evaluator/discriminative", spread, 1)
-    consistency = sc.global_consistency()
-    if kind == "consistency":
-        global_value = consistency
-    elif kind == "solver_reward":  # the mean reward of the judged reports, pooled over ranks (collective)
-        kept = rw.rewards[torch.tensor(judged, dtype=torch.bool)]
-        total, count = D.global_sum(float(kept.sum())), D.global_sum(int(kept.numel()))
-        global_value = total / count if count else math.nan
-    elif kind == "discriminative":
-        global_value = sc.global_value("evaluator/discriminative")
-    else:
-        global_value = preference() if preference is not None else math.nan
+    A rubric for the whole global batch earns the batch value; a query's own rubric the mean of its queries' values
+    (NaN when none has one), or the batch value when the reward has no per-query value. Collective."""
+    scalars.consistency.update(ER.valid_conclusion_groups(rewards.answers, num_reports))
+    inputs = ER.RewardInputs(rewards.answers, rewards.rubric_part, rewards.rewards, ER.judged_reports(rewards),
+                             num_reports, scalars.global_consistency(), measured)
+    batch = reward.batch_value(inputs, scalars)
     local: list[float | None] | None = None
     out = []
-    for sample, queries in ro.rubrics.samples:
-        if queries is None:  # one rubric for the whole global batch
-            value = global_value
-        else:
+    for sample, queries in rollouts.rubrics.samples:
+        value = batch
+        if queries is not None and reward.query_values is not None:  # a rubric that belongs to its queries
             if local is None:
-                local = ER.per_query_values(kind, rw.answers, rw.rubric_part, rw.rewards, num_reports, judged)
-            vals = [local[q] for q in queries if local[q] is not None]
-            value = sum(vals) / len(vals) if vals else (global_value if kind == "preference" else math.nan)
-        out.append(ER.evaluator_reward(kind, sample.valid, value, invalid_reward))
-    return out, consistency
+                local = reward.query_values(inputs)
+            values = [local[q] for q in queries if local[q] is not None]
+            value = sum(values) / len(values) if values else math.nan
+        out.append(ER.rubric_reward(sample.valid, value, invalid_reward))
+    return out, inputs.consistency
 
 
 def fold_rows(main: list, main_adv: list[float], extra: list, extra_adv: list[float]) -> tuple[list, list[float]]:
-    """One REINFORCE update over several parts (rubric samples, step judgements, scoring or pair rubrics): each part's
-    advantages are scaled by N / its size, so the row mean of the loss is the sum of the parts' means."""
+    """One REINFORCE update over several parts (rubric samples, and each objective's rows): each part's advantages
+    are scaled by N / its size, so the row mean of the loss is the sum of the parts' means."""
     total = len(main) + len(extra)
     scale_m, scale_s = (total / len(main) if main else 1.0), (total / len(extra) if extra else 1.0)
     return list(main) + list(extra), [a * scale_m for a in main_adv] + [a * scale_s for a in extra_adv]

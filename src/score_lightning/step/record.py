@@ -7,14 +7,33 @@ depend on rank-local conditions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
+from score_lightning.registry import Registry
 from score_lightning.step.dynamic_sampling import informative_groups
-from score_lightning.step.reward_assembly import StepRewards
+from score_lightning.step.reward_assembly import RewardSettings, StepRewards
 from score_lightning.step.rollout_correction import RolloutCorrection
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_update import SolverUpdateResult
 from score_lightning.step.types import StepRollouts
+
+#: ``solver.agent``: what a workflow's trajectories add to the step's scalars, ``(scalars, trajectories) -> None``;
+#: a trajectory names its workflow in ``meta["agent"]`` (a workflow that names none adds nothing)
+ROLLOUT_SCALARS: Registry[Callable[[StepScalars, list], None]] = Registry("solver.agent")
+
+
+def record_step(sc: StepScalars, ro: StepRollouts, rw: StepRewards, drawn: tuple[float, float, float],
+                settings: RewardSettings, num_rollouts: int) -> None:
+    """What every step records of its rollouts and rewards, before the updates: the rewards, the rollouts, the
+    ranking, and dynamic sampling's zero-variance groups and draws (``drawn``: groups without variance, groups,
+    draws)."""
+    record_rewards(sc, ro, rw, num_rollouts, settings.verifier_enabled, settings.zero)
+    record_rollouts(sc, ro)
+    record_ranking(sc, ro, rw, num_rollouts, settings.rule_quality, settings.items_path)
+    sc.mean("solver/zero_variance_group_rate", drawn[0], drawn[1])
+    sc.max("solver/sampling_draws", drawn[2])
 
 
 def record_rewards(sc: StepScalars, ro: StepRollouts, rw: StepRewards, num_rollouts: int, verifier_enabled: bool,
@@ -98,16 +117,9 @@ def record_rollouts(sc: StepScalars, ro: StepRollouts) -> None:
     sc.sum("rollout/invalid_actions", float(sum(t.invalid_actions for t in solver)))
     generated = sum(t.num_model_tokens for t in solver + ro.scoring) + ro.rubrics.num_tokens
     sc.sum("rollout/generated_tokens", float(generated))
-    if solver and solver[0].meta.get("agent") == "mams":  # solver.agent, the same on every rank
-        record_mams(sc, solver)
-
-
-def record_mams(sc: StepScalars, solver: list) -> None:
-    """MaMs: turns per trajectory, memory length per state update, and the longest role prompt (a max)."""
-    memory = [n for t in solver for n in t.meta.get("memory_tokens", [])]
-    sc.mean("rollout/mams_turns_mean", float(sum(t.meta.get("turns", 0) for t in solver)), len(solver))
-    sc.mean("rollout/memory_tokens_mean", float(sum(memory)), len(memory))
-    sc.max("rollout/context_tokens_max", float(max(t.meta.get("context_max", 0) for t in solver)))
+    agent = solver[0].meta.get("agent") if solver else None  # solver.agent, the same on every rank
+    if agent is not None and agent in ROLLOUT_SCALARS:
+        ROLLOUT_SCALARS.get(agent)(sc, solver)
 
 
 def record_solver_update(sc: StepScalars, upd: SolverUpdateResult,

@@ -1,16 +1,62 @@
-"""What a step hands to the loggers beyond pooled scalars: global values, distributions and text."""
+"""What a step hands to the loggers beyond pooled scalars: its outcome, wall times, global values, distributions
+and text."""
 
 from __future__ import annotations
 
 import math
+import time
+from dataclasses import dataclass, field
 
 import torch
 
 from score_lightning import distributed as D
 from score_lightning.telemetry.loggers import log_histograms, log_texts
+from score_lightning.step.evaluator_phase import EvaluatorSignal
 from score_lightning.step.reward_assembly import StepRewards
+from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_update import SolverUpdateResult
 from score_lightning.step.types import StepRollouts
+
+#: the phases a step's wall time is split into, logged as ``time/<phase>_s``
+PHASES = ("rollout", "scoring", "update")
+
+
+@dataclass
+class StepClock:
+    """Wall seconds per phase, lap by lap (``rollout.mode=async`` adds the worker's own)."""
+
+    start: float = field(default_factory=time.perf_counter)
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+
+    def __post_init__(self) -> None:
+        self._lap = self.start
+
+    def lap(self, phase: str | None) -> None:
+        """The time since the last lap goes to ``phase`` (``None``: to no phase)."""
+        now = time.perf_counter()
+        if phase is not None:
+            self.seconds[phase] += now - self._lap
+        self._lap = now
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] += seconds
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+
+@dataclass
+class StepOutcome:
+    """What a finished step hands to the loggers and to ``ScoreModule.last_step`` (tests and drills read it)."""
+
+    rollouts: StepRollouts
+    rewards: StepRewards
+    solver: SolverUpdateResult | None  # None: solver.freeze
+    evaluator: EvaluatorSignal
+    scoring: object  # the scoring reward's judgement of the step (``ScoringJudgement``)
+    scalars: StepScalars  # this rank's, pooled when the metrics are assembled
+    metrics: dict[str, float]  # values already global: rubric statistics, judge, rubric source, updates, objectives
+    clock: StepClock
 
 
 def global_values(ro: StepRollouts, r_eval: float | None, advantage: float | None, module) -> dict[str, float]:

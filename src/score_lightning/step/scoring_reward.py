@@ -36,8 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from score_lightning.rewards.functions import EMABaseline
+from score_lightning.step.evaluator_objective import EvaluatorObjective, StepView
 from score_lightning.step.evaluator_phase import centre, fold_rows
-from score_lightning.step.scalars import StepScalars
 
 SCORING_REWARDS = ("none", "pairwise_recall")
 
@@ -101,14 +101,16 @@ class ScoringJudgement:
                          [s for s, r in zip(self.samples, self.rewards) if r is not None], self.advantages)
 
 
-class ScoringRewardStage:
-    """Reads the step's scoring evaluations against the reports' ``item_recall``; keeps the baseline."""
+class ScoringRewardStage(EvaluatorObjective):
+    """The evaluator objective of ``evaluator.scoring_reward``: reads the step's scoring evaluations against the
+    reports' ``item_recall``, keeps the baseline, and folds the rewarded evaluations into the update."""
 
     def __init__(self, mode: str, ema_beta: float, items_path: str | None = None):
         if mode not in SCORING_REWARDS:
             raise ValueError(f"evaluator.scoring_reward={mode!r}: allowed {SCORING_REWARDS}")
         self.mode, self.items_path = mode, items_path
         self.baseline = EMABaseline(ema_beta)
+        self.judgement = ScoringJudgement()  # the step's, once judged (the step records it)
 
     @classmethod
     def from_cfg(cls, cfg) -> "ScoringRewardStage":
@@ -116,8 +118,15 @@ class ScoringRewardStage:
         return cls(str(cfg.evaluator.get("scoring_reward", "none")), float(cfg.evaluator.ema_beta),
                    None if items is None else str(items))
 
-    def judge(self, ro, rw, num_reports: int, sc: StepScalars) -> ScoringJudgement:
-        """Rewards and advantages of this rank's evaluations (collective when on: the baseline is pooled)."""
+    def judge(self, step: StepView) -> None:
+        """Rewards and advantages of this rank's evaluations, kept as the step's :class:`ScoringJudgement` (empty
+        when ``evaluator.scoring_reward=none``); collective when on: the baseline is pooled. No token bonus."""
+        self.judgement = self._judgement(step.rollouts, step.rewards, step.num_reports, step.scalars)
+
+    def fold(self, trained: list | None, advantages: list[float]) -> tuple[list | None, list[float]]:
+        return self.judgement.fold(trained, advantages)
+
+    def _judgement(self, ro, rw, num_reports: int, sc) -> ScoringJudgement:
         if self.mode == "none":
             return ScoringJudgement()
         from score_lightning.step.rule_rewards import step_qualities

@@ -5,6 +5,7 @@ from __future__ import annotations
 from score_lightning.launch.config_validation.topology import data_parallel_size
 from score_lightning.rollout.modes import evaluator_on_vllm
 from score_lightning.rollout.workflows import SOLVER_WORKFLOWS
+from score_lightning.step.objectives import EVALUATOR_REWARDS, STEP_CREDIT
 from score_lightning.launch.config_validation.values import BOOL, Checks, integer, number, one_of
 
 
@@ -77,8 +78,8 @@ def check_evaluator(c: Checks) -> None:
     c("evaluator.max_tool_calls", integer(0, 10), "an integer in [0, 10]")
     c("evaluator.max_report_tokens", integer(1), "an integer >= 1")
     c("evaluator.max_observation_tokens", integer(1), "an integer >= 1")
-    c("evaluator.reward", one_of("consistency", "discriminative", "preference", "solver_reward"),
-      "'consistency', 'discriminative', 'preference' or 'solver_reward'")
+    rewards = EVALUATOR_REWARDS.names()  # the registered ones (step/objectives.py, methods/)
+    c("evaluator.reward", one_of(*rewards), f"one of the registered evaluator rewards: {', '.join(rewards)}")
     c("evaluator.rubric_queries", integer(1), "an integer >= 1")
     if c.get("evaluator.rubric_weight_sum_tol") is not None:
         c("evaluator.rubric_weight_sum_tol", number(0.0, 1.0), "null (weights normalised, sum not checked) or a "
@@ -161,13 +162,14 @@ def check_reward(c: Checks) -> None:
 
 
 def check_solver_workflow(c: Checks) -> None:
-    """``solver.agent`` (a registered workflow) with the MaMs budgets, and ``reward.step`` (none | rubric | stage)."""
+    """``solver.agent`` (a registered workflow) with the MaMs budgets, and ``reward.step`` (a registered step credit)."""
     workflows = SOLVER_WORKFLOWS.names()  # the registered ones (rollout/workflows.py, methods/)
     c("solver.agent", one_of(*workflows), f"one of the registered solver workflows: {', '.join(workflows)} ('react': "
       "one ReAct loop; 'mams': search / state / report roles; 'rubricem': plan / research / review / answer stages "
       "on a self-written rubric)")
-    c("reward.step", one_of("none", "rubric", "stage"), "'none', 'rubric' (ARCO-style step judgements) or 'stage' "
-      "(RubricEM's stage judgements, with solver.agent=rubricem)")
+    credits = STEP_CREDIT.names()  # the registered ones (step/objectives.py, methods/)
+    c("reward.step", one_of(*credits), f"one of the registered step credits: {', '.join(credits)} ('none'; 'rubric': "
+      "ARCO-style step judgements; 'stage': RubricEM's stage judgements, with solver.agent=rubricem)")
     if c.get("reward.step") == "stage" and c.get("solver.agent") != "rubricem":
         c.add(f"reward.step=stage with solver.agent={c.get('solver.agent')!r}: stage credit reads the plan, research, "
               "review and answer stages only solver.agent=rubricem writes")

@@ -1,3 +1,3 @@
 """arco"""
 
-from score_lightning.methods.arco import demos, scripted  # noqa: F401  (they register)
+from score_lightning.methods.arco import demos, scripted, step_rewards  # noqa: F401  (they register)

@@ -34,7 +34,9 @@ from score_lightning.rollout.chat import encode_chat
 from score_lightning.rollout.engine import RolloutEngine, SamplingParams, is_collective
 from score_lightning.rollout.search_steps import search_steps
 from score_lightning.rollout.stops import TagStops
+from score_lightning.step.evaluator_objective import Bonuses, EvaluatorObjective, StepView
 from score_lightning.step.evaluator_phase import centre, fold_rows
+from score_lightning.step.objectives import STEP_CREDIT
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_rows import TokenBonus
 
@@ -87,36 +89,47 @@ class StepJudgement:
     advantages: list[float] = field(default_factory=list)  # per sample with a reward, EMA-centred
     has_signal: bool = False  # some rank has a step-rubric reward (the same on every rank)
 
-    def fold(self, trained: list, advantages: list[float], main_ok: bool) -> tuple[list | None, list[float]]:
+    def fold(self, trained: list | None, advantages: list[float]) -> tuple[list | None, list[float]]:
         """The evaluator's samples and advantages for its one update (``None``: no update on any rank).
 
-        ``trained``/``advantages`` are the rubric samples with a reward; ``main_ok`` (the same on every
-        rank) says whether they train. Step judgements join them; each part's advantages are scaled
-        so that REINFORCE's mean over all rows equals mean(rubric part) + mean(step part).
+        ``trained``/``advantages`` are the rows before this part (``None``: none train; the same on every rank).
+        Step judgements join them; each part's advantages are scaled so that REINFORCE's mean over all rows equals
+        mean(earlier parts) + mean(step part).
         """
         if self.bonus is None:
-            return (trained if main_ok else None), advantages
-        if not main_ok and not self.has_signal:
+            return trained, advantages
+        if trained is None and not self.has_signal:
             return None, []
-        main, main_adv = (list(trained), list(advantages)) if main_ok else ([], [])
+        main, main_adv = (list(trained), list(advantages)) if trained is not None else ([], [])
         return fold_rows(main, main_adv, [s for s, r in zip(self.samples, self.rewards) if r is not None],
                          self.advantages)
 
 
-class StepRewardStage:
-    """Judges the step's search steps, turns them into token bonuses, and keeps the step-rubric baseline."""
+class StepRewardStage(EvaluatorObjective):
+    """The objective of ``reward.step=rubric``: judges the step's search steps, turns them into token bonuses,
+    keeps the step-rubric baseline, and folds the judgements into the evaluator's update."""
 
     def __init__(self, settings: StepRewardSettings, ema_beta: float):
         if settings.mode not in STEP_MODES:
             raise ValueError(f"reward.step={settings.mode!r}: allowed {STEP_MODES}")
         self.settings = settings
         self.baseline = EMABaseline(ema_beta)
+        self.judgement = StepJudgement()  # the step's, once judged
 
     @classmethod
     def from_cfg(cls, cfg) -> "StepRewardStage":
         return cls(StepRewardSettings.from_cfg(cfg), float(cfg.evaluator.ema_beta))
 
-    def judge(self, engine: RolloutEngine, tokenizer, ro, rw, sc: StepScalars) -> StepJudgement:
+    def judge(self, step: StepView) -> Bonuses | None:
+        """The step's :class:`StepJudgement`, kept for ``fold``; its token bonuses for the solver."""
+        self.judgement = self.judge_steps(step.host.evaluator_engine, step.host.tokenizer, step.rollouts,
+                                          step.rewards, step.scalars)
+        return self.judgement.bonus
+
+    def fold(self, trained: list | None, advantages: list[float]) -> tuple[list | None, list[float]]:
+        return self.judgement.fold(trained, advantages)
+
+    def judge_steps(self, engine: RolloutEngine, tokenizer, ro, rw, sc: StepScalars) -> StepJudgement:
         """Judge every search step of ``ro.solver`` (collective when on: generation lockstep, pooled baseline)."""
         s = self.settings
         if s.mode == "none":
@@ -213,3 +226,6 @@ def agreement(scores: Sequence[Sequence[float | None]], rewards: Sequence[float]
     if vx <= 1e-12 or vy <= 1e-12:
         return None
     return cov / math.sqrt(vx * vy)
+
+
+STEP_CREDIT.register("rubric", StepRewardStage.from_cfg)

@@ -3,4 +3,4 @@
 Importing it registers its solver workflow, its scripted roles and its cold-start demonstrations.
 """
 
-from score_lightning.methods.mams import demos, scripted, workflow  # noqa: F401  (they register)
+from score_lightning.methods.mams import demos, scalars, scripted, workflow  # noqa: F401  (they register)

@@ -1,3 +1,3 @@
 """rubricem"""
 
-from score_lightning.methods.rubricem import demos, scripted, workflow  # noqa: F401  (they register)
+from score_lightning.methods.rubricem import credit, demos, scripted, workflow  # noqa: F401  (they register)

@@ -23,6 +23,8 @@ from score_lightning.rollout.chat import encode_chat
 from score_lightning.rollout.engine import RolloutEngine, SamplingParams
 from score_lightning.methods.rubricem.stages import stage_spans
 from score_lightning.rollout.stops import TagStops
+from score_lightning.step.evaluator_objective import Bonuses, EvaluatorObjective, StepView
+from score_lightning.step.objectives import STEP_CREDIT
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_rows import TokenBonus
 from score_lightning.methods.arco.step_rewards import StepJudgement, normalised
@@ -71,14 +73,20 @@ class StageCreditSettings:
                    max_guidance_chars=int(em.get("max_guidance_chars", 400)))
 
 
-class StageCreditStage:
-    """Judges each RubricEM trajectory's stages and turns the stage scores into token bonuses (nothing to train: the
-    judge's rubric is the trajectory's own plan, which the policy rewrites as it learns)."""
+class StageCreditStage(EvaluatorObjective):
+    """The objective of ``reward.step=stage``: judges each RubricEM trajectory's stages and turns the stage scores into
+    token bonuses (nothing to fold into the evaluator's update: the judge's rubric is the trajectory's own plan, which
+    the policy rewrites as it learns)."""
 
     def __init__(self, settings: StageCreditSettings):
         self.settings = settings
         #: the reflection memory (``solver.rubricem.reflection``): query id -> guidance for its next prompt
         self.memory: dict[str, str] = {}
+        self.judgement = StepJudgement()  # the step's, once judged
+
+    @classmethod
+    def from_cfg(cls, cfg) -> "StageCreditStage":
+        return cls(StageCreditSettings.from_cfg(cfg))
 
     def guidance(self, query_ids: Sequence[str]) -> list[str] | None:
         """Each query's stored guidance ("" when none); ``None`` when the memory is off."""
@@ -94,7 +102,13 @@ class StageCreditStage:
         for part in state.get("reflection_memory") or []:
             self.memory.update(part)
 
-    def judge(self, engine: RolloutEngine, tokenizer, ro, rw, sc: StepScalars) -> StepJudgement:
+    def judge(self, step: StepView) -> Bonuses | None:
+        """The step's stage judgements, kept (``judgement``); their token bonuses for the solver (collective)."""
+        self.judgement = self.judge_stages(step.host.evaluator_engine, step.host.tokenizer, step.rollouts,
+                                           step.rewards, step.scalars)
+        return self.judgement.bonus
+
+    def judge_stages(self, engine: RolloutEngine, tokenizer, ro, rw, sc: StepScalars) -> StepJudgement:
         s = self.settings
         k = len(ro.solver) // max(1, len(ro.queries))
         texts = [tokenizer.decode(t.response_ids) for t in ro.solver]
@@ -151,10 +165,4 @@ def stage_texts(text: str, max_chars: int, searches: Sequence[str]) -> tuple[str
             between(P.ANSWER_OPEN, P.ANSWER_CLOSE))
 
 
-def step_stage_from_cfg(cfg):
-    """``reward.step``: ``stage`` judges RubricEM's stages; ``none`` and ``rubric`` (ARCO) are :class:`StepRewardStage`."""
-    from score_lightning.methods.arco.step_rewards import StepRewardStage
-
-    if str(cfg.reward.get("step", "none")) == "stage":
-        return StageCreditStage(StageCreditSettings.from_cfg(cfg))
-    return StepRewardStage.from_cfg(cfg)
+STEP_CREDIT.register("stage", StageCreditStage.from_cfg)
