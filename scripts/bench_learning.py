@@ -2,7 +2,7 @@
 """Learning evidence on the embedded default: conditions x seeds, held-out sampled grounded validity, CIs.
 
     python scripts/bench_learning.py --conditions frozen_solver,rule,grpo_baseline,score --seeds 31 32 33 34 35 \\
-        --steps 160                                                   # the study (docs/BENCHMARKS.md)
+        --steps 160 --archive docs/studies/v9                         # the study (docs/studies/v9.md)
     python scripts/bench_learning.py --only score:0 --tag lr2e-4 --set optim.lr=2e-4 --horizons 80,160,240 \\
         --steps 240 --out logs/tuning --threads 1                     # one tuning cell (run two at a time)
     python scripts/bench_learning.py --merge logs/tuning --tag lr2e-4 --conditions score --seeds 0 1 --steps 240 \\
@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from study_cells import (  # noqa: E402
     evaluator_readings, guard_stop, relative, run_in_lanes, run_logged, train_horizons, training_summary,
 )
-from study_report import T975, ci95, fmt, paired_lines, report, summary_lines, write_section  # noqa: E402
+from study_report import T975, ci95, fmt, paired_lines, report, study_page, summary_lines, write_section  # noqa: E402
 
 CONDITIONS: dict[str, list[str]] = {
     "score": ["experiment=tiny_score"],
@@ -307,7 +307,9 @@ def main() -> int:
     ap.add_argument("--archive", default=None, help="copy each finished cell's result here (a tracked folder), "
                     "so a study that spans sessions merges from git, e.g. docs/studies/v9")
     ap.add_argument("--merge", nargs="*", default=None, help="read result.json files below these dirs; train nothing")
-    ap.add_argument("--no-append", action="store_true", help="print the table; leave docs/BENCHMARKS.md alone")
+    ap.add_argument("--no-append", action="store_true", help="print the table; leave the study's page alone")
+    ap.add_argument("--page", default=None, help="the study's page to append to (default: beside --archive, "
+                    "docs/studies/v9 -> docs/studies/v9.md; without one docs/studies/learning-DATE.md)")
     ap.add_argument("--against", default=None, help="paired differences of each condition against this one only "
                     "(default: every pair)")
     ap.add_argument("--evaluator-pairs", default=None, metavar="PAIRS.jsonl",
@@ -373,7 +375,8 @@ def main() -> int:
              against=args.against)
         print(f"figure: {args.figure}")
     if not args.no_append:
-        write_section(text, lines, sys.argv, conditions, sorted({r["seed"] for r in fresh}), horizons, args.samples)
+        write_section(text, lines, sys.argv, conditions, sorted({r["seed"] for r in fresh}), horizons, args.samples,
+                      study_page(args.archive, args.page))
     print("\n".join(lines))
     return 0
 

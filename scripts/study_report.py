@@ -257,9 +257,21 @@ def paired_lines(results: list[dict], colds: dict[str, dict], conditions: list[s
     return out
 
 
+def study_page(archive: str | None, page: str | None) -> Path:
+    """The page a study's section goes to: its own under docs/studies/ (BENCHMARKS.md holds current figures only).
+
+    ``page`` (``--page``) wins; else the page beside the archive folder (``docs/studies/v9`` -> ``docs/studies/v9.md``,
+    so the record sits by its cells); else a dated page of its own."""
+    if page:
+        return Path(page)
+    if archive:
+        return Path(archive).with_name(Path(archive).name + ".md")
+    return ROOT / "docs" / "studies" / f"learning-{dt.date.today().isoformat()}.md"
+
+
 def write_section(text: str, lines: list[str], argv: list[str], conditions: list[str], seeds: list[int],
-                  horizons: list[int], samples: int) -> None:
-    """Append the study's section, with its exact command and machine, to docs/BENCHMARKS.md."""
+                  horizons: list[int], samples: int, page: Path) -> None:
+    """Append the study's section, with its exact command and machine, to its page (a new page gets a title)."""
     import platform
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
@@ -285,5 +297,9 @@ the cold start's (same settings). Every cell is mean ± half-width of the 95% t-
 {chr(10).join(lines)}
 ```
 """
-    with open(ROOT / "docs" / "BENCHMARKS.md", "a", encoding="utf-8") as fh:
-        fh.write(section)
+    page.parent.mkdir(parents=True, exist_ok=True)
+    title = "" if page.is_file() else (f"# Study: learning on held-out queries ({page.stem})\n\nEach section below was "
+                                       "appended by `scripts/bench_learning.py`; the index: [README.md](README.md).\n")
+    with open(page, "a", encoding="utf-8") as fh:
+        fh.write(title + section)
+    print(f"appended to {page}")

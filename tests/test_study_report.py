@@ -212,3 +212,28 @@ def test_a_cell_archived_in_an_earlier_session_is_not_trained_again(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == archived
     assert not (tmp_path / "logs" / "score").exists()  # nothing trained, nothing carded
+
+
+def test_the_merge_appends_the_study_to_its_own_page_and_leaves_benchmarks_alone(tmp_path, monkeypatch):
+    """Issue 72: docs/BENCHMARKS.md holds current figures only. A merge appends its section (its command, the
+    tables, the parseable lines) to the study's own page, ``docs/studies/<study>.md`` beside its ``--archive``
+    folder; a new page starts with one title, a second merge adds a section under it."""
+    import study_report
+
+    monkeypatch.setattr(study_report, "ROOT", tmp_path)  # a wrong target lands in the scratch tree, not the repo
+    archive = tmp_path / "docs" / "studies" / "v10"
+    for r in _results():
+        cell = archive / r["condition"] / f"seed{r['seed']}"
+        cell.mkdir(parents=True)
+        (cell / "result.json").write_text(json.dumps({**r, "tag": "", "export": "x"}))
+    monkeypatch.setattr(bench_learning, "cold_cards", lambda results, *a: {"grpo_baseline": BASE, "mams": OWN})
+    argv = ["bench_learning.py", "--merge", str(archive), "--archive", str(archive), "--conditions",
+            "grpo_baseline,mams", "--seeds", "1", "2", "--steps", "160", "--out", str(tmp_path / "out")]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert bench_learning.main() == 0
+    assert bench_learning.main() == 0
+    assert not (tmp_path / "docs" / "BENCHMARKS.md").exists()
+    text = (tmp_path / "docs" / "studies" / "v10.md").read_text(encoding="utf-8")
+    assert text.startswith("# ") and text.count("\n# ") == 0
+    assert text.count("learning on held-out queries, grpo_baseline, mams") == 2
+    assert "--archive" in text and text.count("condition=mams seeds=2 heldout_valid_delta=+0.200") == 2
