@@ -7,7 +7,7 @@ Phase 2 evaluator REINFORCE (every U) -> scheduler statistics -> logging. ``scor
 Lightning's ``global_step`` is kept equal to it (``glue.run_state.RunStateHooks.advance_global_step``), so
 ``trainer.max_steps``, checkpoint intervals, the harness period and the TensorBoard x-axis all count SCORE steps.
 The step names no method: ``evaluator.reward`` and ``reward.step`` select registered plug-ins
-(:mod:`score_lightning.step.objectives`).
+(:mod:`score_lightning.step.objectives`), ``solver.objective`` Phase 1's (:mod:`score_lightning.step.solver_objective`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-import numpy as np
 from lightning.pytorch import LightningModule
 from omegaconf import DictConfig, OmegaConf
 
@@ -36,7 +35,7 @@ from score_lightning.rollout.modes import asynchronous, stale_rollouts
 from score_lightning.step.citation_reward import observed_passages
 from score_lightning.step.dynamic_sampling import EXTRA_STREAM_SEED, DynamicSampling
 from score_lightning.step.faults import FaultMonitor
-from score_lightning.step.record import record_solver_update, record_step
+from score_lightning.step.record import record_step
 from score_lightning.step.report import StepClock, StepOutcome
 from score_lightning.generation.generator import GenerationHooks, stamp_policy_version
 from score_lightning.step.judge_scoring import check_judgements, uses_judge
@@ -45,7 +44,8 @@ from score_lightning.generation.prefetch import RolloutPrefetcher, record_async
 from score_lightning.step.reward_assembly import RewardSettings, StepRewards
 from score_lightning.step.rollouts import RolloutSettings
 from score_lightning.step.scalars import StepScalars
-from score_lightning.step.solver_update import GRPOSettings, solver_update
+from score_lightning.step.solver_objective import SOLVER_OBJECTIVES, SolverInputs
+from score_lightning.step.solver_update import GRPOSettings
 from score_lightning.step.types import StepRollouts
 from score_lightning.policy.top_layers import update_scope
 
@@ -85,6 +85,8 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Li
         self.rollout_settings = RolloutSettings.from_cfg(cfg)
         self.reward_settings = RewardSettings.from_cfg(cfg)
         self.grpo_settings = GRPOSettings.from_cfg(cfg)
+        #: solver.objective: how Phase 1 trains the solver (a registered SolverObjective; grpo by default)
+        self.solver_objective = SOLVER_OBJECTIVES.get(str(cfg.solver.objective)).build(cfg)
         self.reinforce_settings = ReinforceSettings.from_cfg(cfg)
         #: evaluator.reward: what each rubric sample earns (a registered EvaluatorReward)
         self.evaluator_reward = EVALUATOR_REWARDS.get(str(cfg.evaluator.reward))
@@ -123,16 +125,13 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Li
         record_step(scalars, rollouts, rewards, drawn, self.reward_settings, self.K)
         metrics = dict(rollouts.rubrics.stats) | judged | self.observe_rubrics(rollouts, rewards)
         solver = None
-        if not bool(cfg.solver.freeze):  # Phase 1: GRPO on the solver
+        if not bool(cfg.solver.freeze):  # Phase 1: solver.objective (GRPO by default) on the solver
             with update_scope(cfg, self.policy):  # frozen bottom layers run once per input; freed after this update
-                solver = solver_update(self.policy, self.ref, rollouts.solver, rewards.rewards, self.grpo_settings,
-                                       self.tokenizer.pad_token_id, self.optimizer_hooks("solver", self.policy),
-                                       need_trainer_logprobs=self.engine_gap_logged, step_bonus=bonus,
-                                       neutral=rewards.neutral, exclude=rewards.excluded)
-            # also the engine-trainer gap (rollout/logprob_diff, mismatch_kl, is_*) when it computed pi_old
-            record_solver_update(scalars, solver, self.grpo_settings.correction)
-            metrics.update({"solver/grad_norm": float(np.mean(solver.grad_norms)) if solver.grad_norms else 0.0,
-                            "solver/updates": float(solver.updates)})
+                solver = self.solver_objective.update(SolverInputs(
+                    self.policy, self.ref, rollouts.solver, rewards.rewards, rewards.scored, rewards.neutral,
+                    rewards.excluded, bonus, self.tokenizer.pad_token_id, self.optimizer_hooks("solver", self.policy),
+                    need_trainer_logprobs=self.engine_gap_logged))
+            metrics.update(self.solver_objective.record(scalars, solver))
         # Phase 2: each rubric sample's reward (pooled over ranks), EMA-centred, the objectives folded in, REINFORCE
         # every U steps
         measured = measured_value([objective.measure(view) for objective in self.objectives])

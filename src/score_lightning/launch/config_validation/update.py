@@ -8,6 +8,7 @@ from score_lightning.launch.config_validation.values import BOOL, Checks, intege
 from score_lightning.launch.config_validation.topology import data_parallel_size
 from score_lightning.step.loss_registry import POLICY_LOSSES, REWARD_SCALINGS, resolve_scale_rewards
 from score_lightning.step.rollout_correction import MODES, resolve_mode
+from score_lightning.step.solver_objective import SOLVER_OBJECTIVES
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,18 @@ def check_update(c: Checks) -> None:
               "data-parallel processes")
     check_rollout_correction(c)
     check_loss_variants(c)
+    check_solver_objective(c)
+
+
+def check_solver_objective(c: Checks) -> None:
+    """``solver.objective``: a registered solver objective (step/solver_objective.py, methods/), and that
+    objective's own config errors, each naming its key."""
+    objectives = SOLVER_OBJECTIVES.names()
+    c("solver.objective", one_of(*objectives), f"one of the registered solver objectives: {', '.join(objectives)}")
+    name = c.get("solver.objective")
+    if name in objectives:
+        for line in SOLVER_OBJECTIVES.get(name).check(c.cfg):
+            c.add(line)
 
 
 def check_loss_variants(c: Checks) -> None:
