@@ -85,7 +85,7 @@ ORDER = ("step", "rubric", "solver rollouts", "scoring", "solver update", "  old
 def instrument(meter: StageMeter, patch=setattr) -> None:
     """Wrap the stage functions where the step looks them up (``patch``: ``setattr``, or a test's ``monkeypatch``).
 
-    ``ScoreModule.training_step`` calls the updates; the generating stages are the ``GenerationHooks`` of
+    ``ScoreModule.training_step`` calls the updates; the generating stages are the ``Generator`` of
     ``generation/generator.py``, which look up ``solver_rollouts`` there; the solver update's log-prob passes are
     looked up in ``step/solver_update.py``.
     """

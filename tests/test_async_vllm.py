@@ -61,7 +61,8 @@ def test_the_workers_vllm_weights_equal_the_trainers_after_a_step_boundary(tiny_
                                  os.getpid()))
     print(f"\nworker host with its vLLM engine built in {time.perf_counter() - t0:.1f} s")
     try:
-        assert isinstance(host.engine, VLLMEngine) and host.evaluator_engine is host.engine  # shared actor
+        engines = host.generator
+        assert isinstance(engines.engine, VLLMEngine) and engines.evaluator_engine is engines.engine  # shared actor
         trainer = load_policy(str(tiny_ckpt), "float32", lora=cfg.model.get("lora")).eval()  # the trainer's policy
         trainable = {n: p for n, p in trainer.named_parameters() if p.requires_grad}
         assert trains == "all" or all("lora_" in n for n in trainable)
@@ -81,7 +82,7 @@ def test_the_workers_vllm_weights_equal_the_trainers_after_a_step_boundary(tiny_
 
         def check_logprobs() -> None:
             torch.manual_seed(0)
-            gens = host.engine.generate(prompts, SamplingParams(max_new_tokens=24, temperature=1.0))
+            gens = host.generator.engine.generate(prompts, SamplingParams(max_new_tokens=24, temperature=1.0))
             batch = build_token_batch(prompts, [g.token_ids for g in gens], [[1] * len(g.token_ids) for g in gens],
                                       tokenizer.pad_token_id)
             with torch.no_grad():
@@ -92,16 +93,16 @@ def test_the_workers_vllm_weights_equal_the_trainers_after_a_step_boundary(tiny_
             assert sum(diffs) / len(diffs) < 1e-3 and max(diffs) < 1e-2
 
         boundary(0)
-        before = [g.token_ids for g in host.engine.generate(prompts, greedy)]
+        before = [g.token_ids for g in host.generator.engine.generate(prompts, greedy)]
         assert before == [g.token_ids for g in hf.generate(prompts, greedy)]
         check_logprobs()
         gen = torch.Generator().manual_seed(1234)
         with torch.no_grad():  # the update of step 0
             for p in trainable.values():
                 p.add_((0.05 if trains == "all" else 0.3) * torch.randn(p.shape, generator=gen))
-        assert [g.token_ids for g in host.engine.generate(prompts, greedy)] == before  # nothing moves before a sync
+        assert [g.token_ids for g in engines.engine.generate(prompts, greedy)] == before  # nothing moves before a sync
         boundary(1)
-        after = [g.token_ids for g in host.engine.generate(prompts, greedy)]
+        after = [g.token_ids for g in host.generator.engine.generate(prompts, greedy)]
         assert after == [g.token_ids for g in hf.generate(prompts, greedy)] and after != before
         check_logprobs()
         assert host.last_sync_s > 0 and host.vllm.last_sync_tensors == sum(1 for _ in iter_merged_params(trainer))

@@ -17,7 +17,7 @@ from score_lightning.rollout.chat import encode_chat
 from score_lightning.rollout.kv_cache import PrefixStore
 from score_lightning.sft.asset import ASSETS
 from score_lightning.generation import generator as generation
-from score_lightning.generation.generator import GenerationHooks
+from score_lightning.generation.generator import Generator, RunAccess
 from score_lightning.step.types import StepRubric
 
 QUERY = "How does the json module encode Python objects?"
@@ -93,11 +93,12 @@ def test_each_generating_stage_starts_with_empty_stores(monkeypatch):
     monkeypatch.setattr(generation, "scoring_rollouts", scoring)
     monkeypatch.setattr(generation, "parse_answers", lambda *a: answers)
     monkeypatch.setattr(generation, "assemble_rewards", lambda *a: "rewards")
-    host = GenerationHooks()
-    host.__dict__.update(cfg=SimpleNamespace(solver=SimpleNamespace(topk=2), reward={}, evaluator=SimpleNamespace(
-        max_prompt_tokens=1024, temperature=1.0)), K=2, engine=engine, evaluator_engine=engine, tokenizer=None,
-        retriever=None, harness_state=HarnessState(), scheduler=None, rubric_source=Source(),
-        rollout_settings=None, reward_settings=SimpleNamespace(source="evaluator", evaluator_source="policy"))
+    cfg = SimpleNamespace(solver=SimpleNamespace(topk=2, num_rollouts=2), reward={},
+                          evaluator=SimpleNamespace(max_prompt_tokens=1024, temperature=1.0))
+    state = HarnessState()
+    host = Generator(cfg, None, Source(), None, SimpleNamespace(source="evaluator", evaluator_source="policy"), None,
+                     RunAccess(lambda: state, lambda: None, lambda: 0, lambda: None))
+    host.engine = host.evaluator_engine = engine
     ro = host.rollout([QUERY])
     assert host.score(ro) == "rewards"
     assert [e for e in log if e != "release"] == ["rubric (store empty)", "solver (store empty)",

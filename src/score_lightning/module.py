@@ -33,16 +33,15 @@ from score_lightning.step.objectives import (
 )
 from score_lightning.rollout.modes import asynchronous, stale_rollouts
 from score_lightning.step.citation_reward import observed_passages
-from score_lightning.step.dynamic_sampling import EXTRA_STREAM_SEED, DynamicSampling
+from score_lightning.step.dynamic_sampling import EXTRA_STREAM_SEED
 from score_lightning.step.faults import FaultMonitor
 from score_lightning.step.record import record_step
 from score_lightning.step.report import StepClock, StepOutcome
-from score_lightning.generation.generator import GenerationHooks, stamp_policy_version
+from score_lightning.generation.generator import GeneratorHost, RunAccess, build_generator, stamp_policy_version
 from score_lightning.step.judge_scoring import check_judgements, uses_judge
 from score_lightning.step.judged_rows import judged_view
 from score_lightning.generation.prefetch import RolloutPrefetcher, record_async
-from score_lightning.step.reward_assembly import RewardSettings, StepRewards
-from score_lightning.step.rollouts import RolloutSettings
+from score_lightning.step.reward_assembly import StepRewards
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_objective import SOLVER_OBJECTIVES, SolverInputs
 from score_lightning.step.solver_update import GRPOSettings
@@ -50,13 +49,14 @@ from score_lightning.step.types import StepRollouts
 from score_lightning.policy.top_layers import update_scope
 
 
-class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, LightningModule):
+class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GeneratorHost, LightningModule):
     """The SCORE trainer. ``cfg`` is the full Hydra config (validated before construction).
 
     This file is the step; building models, engines and optimisers, the checkpointed run state, and
     logging / halting / export are the hooks of :mod:`score_lightning.glue`; the generating stages
-    (rubric, rollouts, scoring, dynamic sampling) are :class:`~score_lightning.generation.generator.GenerationHooks`,
-    which the asynchronous rollout worker runs too.
+    (rubric, rollouts, scoring, dynamic sampling) are ``self.generator``
+    (:class:`~score_lightning.generation.generator.Generator`, built as the asynchronous rollout worker builds its
+    own); its tokenizer, engines, retriever, rubric source and settings are read and set through the module.
     """
 
     def __init__(self, cfg: DictConfig | dict, model_path: str, tokenizer_path: str | None = None):
@@ -66,9 +66,10 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Li
         self.save_hyperparameters({"cfg": OmegaConf.to_container(cfg, resolve=True), "model_path": model_path,
                                    "tokenizer_path": tokenizer_path or model_path})
         self.cfg, self.model_path = cfg, model_path
-        from score_lightning.policy.models import load_tokenizer
-
-        self.tokenizer = load_tokenizer(tokenizer_path or model_path, chat_template=cfg.model.get("chat_template"))
+        #: rubric, rollouts, scoring, dynamic sampling; what it reads of the run, it reads from this module
+        self.generator = build_generator(cfg, tokenizer_path or model_path, RunAccess(
+            lambda: self.harness_state, lambda: self.scheduler, lambda: self.score_step, lambda: self._extra_stream(),
+            lambda: getattr(getattr(self, "step_stage", None), "guidance", None)))  # RubricEM's reflection memory
         self.K = int(cfg.solver.num_rollouts)
         self.score_step = self.data_cursor = 0
         self._harness_state = HarnessState.from_dict(OmegaConf.to_container(cfg.harness.initial_state, resolve=True))
@@ -79,11 +80,6 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Li
                                    str(cfg.retriever.get("url") or "the retriever"))
         self.stats_window = StatsWindow(int(cfg.harness.every_n_steps))
         self._pending_rng: dict | None = None
-        from hydra.utils import instantiate
-
-        self.rubric_source = instantiate(cfg.rubric, _convert_="all")  # score | evolving | given (configs/rubric/)
-        self.rollout_settings = RolloutSettings.from_cfg(cfg)
-        self.reward_settings = RewardSettings.from_cfg(cfg)
         self.grpo_settings = GRPOSettings.from_cfg(cfg)
         #: solver.objective: how Phase 1 trains the solver (a registered SolverObjective; grpo by default)
         self.solver_objective = SOLVER_OBJECTIVES.get(str(cfg.solver.objective)).build(cfg)
@@ -94,14 +90,11 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GenerationHooks, Li
         #: evaluator.reward's own (preference pairs); ``step_stage`` and ``scoring_stage`` name the first two
         self.objectives = build_objectives(cfg, self.evaluator_reward)
         self.step_stage, self.scoring_stage = self.objectives[:2]
-        self.sampling = DynamicSampling.from_cfg(cfg)  # solver.dynamic_sampling: DAPO's draws until B groups teach
         #: rollout.mode=async: the worker that generates the next step's batch during this step's update
         self.prefetch = RolloutPrefetcher(cfg, model_path, tokenizer_path or model_path) if asynchronous(cfg) else None
         #: pi_old is recomputed to log the engine-trainer gap: vLLM's kernels, or an HF worker's older weights
         self.engine_gap_logged = cfg.rollout.engine == "vllm" or (stale_rollouts(cfg) and cfg.rollout.engine == "hf")
         self.policy = self.evaluator_policy = self.ref = None
-        self.engine = self.evaluator_engine = None  # set in setup() (HF, scripted) or by the vLLM callback
-        self.retriever = None
         #: test hook: called with (module, phase) before each optimiser step; may poison gradients
         self.pre_step_hook: Callable[["ScoreModule", str], None] | None = None
         #: the current step's rollouts (for ``pre_step_hook``), and the last step's rollouts, rewards

@@ -3,7 +3,9 @@
 Life cycle (one engine per training process, on that process's own device):
 
 * ``on_fit_start`` (after ``configure_model``): build :class:`~score_lightning.rollout.vllm_engine.VLLMEngine`
-  from ``pl_module.model_path`` and install it as ``pl_module.engine``. With a shared actor
+  from ``pl_module.model_path`` and install it as ``pl_module.engine`` (the generator's; the roles'
+  engines come from :func:`~score_lightning.generation.engines.build_engines`, as the trainer's and the
+  async worker's do). With a shared actor
   (``pl_module.evaluator_policy is None``) it is also ``pl_module.evaluator_engine``, unless
   ``rollout.evaluator_engine=hf`` puts the evaluator role on HF generate() over the same module. A separate
   evaluator model (``actor.shared=false``) keeps an HF engine on its own module: a second vLLM
@@ -98,12 +100,6 @@ class VLLMRolloutCallback(Callback):
         return kw
 
     @property
-    def evaluator_on_vllm(self) -> bool:
-        """``rollout.evaluator_engine``: a shared actor's rubrics and scoring on this engine (``vllm``) or on HF
-        generate() over the same module (``hf``: the expected readout and the grammar fast-forward need its logits)."""
-        return self.cfg.get("evaluator_engine", "vllm") == "vllm"
-
-    @property
     def in_worker(self) -> bool:
         """``rollout.mode=async``: the rollout worker owns the vLLM engine, and this process holds none."""
         return self.cfg.get("mode", "sync") == "async"
@@ -111,19 +107,18 @@ class VLLMRolloutCallback(Callback):
     def on_fit_start(self, trainer, pl_module) -> None:
         if self.engine is not None or self.in_worker:
             return
+        from score_lightning.generation.engines import build_engines, collective_forwards
         from score_lightning.rollout.vllm_engine import VLLMEngine
 
-        self.engine = VLLMEngine(str(pl_module.model_path), **self._engine_kwargs(trainer, pl_module))
-        pl_module.engine = self.engine
-        if getattr(pl_module, "evaluator_policy", None) is None and self.evaluator_on_vllm:
-            pl_module.evaluator_engine = self.engine
-        else:  # a separate evaluator, or rollout.evaluator_engine=hf: HF generate() on the evaluator's module
-            from score_lightning.rollout.hf_engine import HFEngine, fast_forward_options
-
-            tok = pl_module.tokenizer
-            pl_module.evaluator_engine = HFEngine(lambda: pl_module.eval_model, tok.pad_token_id, tok.eos_token_id,
-                                                  tok, int(self.cfg.get("max_batch_size", 64)),
-                                                  **fast_forward_options(self.cfg))
+        kw = self._engine_kwargs(trainer, pl_module)
+        # the solver's rollouts on vLLM; the evaluator's on it too for a shared actor with
+        # rollout.evaluator_engine=vllm, else on HF generate() over the evaluator's module
+        engines = build_engines(pl_module.cfg, pl_module.tokenizer, lambda: pl_module.policy,
+                                lambda: pl_module.eval_model,
+                                collective=collective_forwards(pl_module.cfg, getattr(trainer, "world_size", 1)),
+                                vllm=lambda: VLLMEngine(str(pl_module.model_path), **kw))
+        self.engine = engines.vllm
+        pl_module.engine, pl_module.evaluator_engine = engines.solver, engines.evaluator
         log.info("rollout engine: vLLM (started in %.1f s); evaluator engine: %s", self.engine.start_s,
                  type(pl_module.evaluator_engine).__name__)
 

@@ -39,8 +39,8 @@ import traceback
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
-from score_lightning.rollout.modes import evaluator_on_vllm
-from score_lightning.generation.generator import GenerationHooks, stamp_policy_version
+from score_lightning.generation.engines import build_engines
+from score_lightning.generation.generator import RunAccess, build_generator, stamp_policy_version
 
 log = logging.getLogger(__name__)
 
@@ -90,73 +90,53 @@ class GeneratedBatch:
     info: dict = field(default_factory=dict)
 
 
-class WorkerHost(GenerationHooks):
-    """The attributes :class:`~score_lightning.generation.generator.GenerationHooks` reads, built in the worker."""
+class WorkerHost:
+    """The worker's generator (built as the trainer's is, by ``build_generator``), its engines and its model copies;
+    the harness state, scheduler and step it generates under are the latest request's."""
 
     def __init__(self, spec: WorkerSpec):
-        from hydra.utils import instantiate
         from omegaconf import OmegaConf
 
         from score_lightning.harness.state import HarnessState
-        from score_lightning.policy.models import load_tokenizer
-        from score_lightning.retrieval.from_config import retriever_from_config
-        from score_lightning.step.dynamic_sampling import DynamicSampling
-        from score_lightning.step.reward_assembly import RewardSettings
-        from score_lightning.step.rollouts import RolloutSettings
+        from score_lightning.step.judge_scoring import configure_limits
 
         cfg = self.cfg = OmegaConf.create(spec.cfg)
         self.spec = spec
-        from score_lightning.step.judge_scoring import configure_limits
-
         configure_limits(cfg, 0, 1, worker=True)  # the worker's share of the run's limits (one training process)
-        self.K = int(cfg.solver.num_rollouts)
         self.score_step = 0
-        self.tokenizer = load_tokenizer(spec.tokenizer_path, chat_template=cfg.model.get("chat_template"))
-        self.retriever = retriever_from_config(cfg.retriever, cfg.paths.cache_dir)
-        self.rubric_source = instantiate(cfg.rubric, _convert_="all")
-        self.rollout_settings = RolloutSettings.from_cfg(cfg)
-        self.reward_settings = RewardSettings.from_cfg(cfg)
-        self.sampling = DynamicSampling.from_cfg(cfg)
         self.harness_state = HarnessState.from_dict(OmegaConf.to_container(cfg.harness.initial_state, resolve=True))
         self.scheduler = None
+        self._extra = None
+        self.generator = build_generator(cfg, spec.tokenizer_path, RunAccess(
+            lambda: self.harness_state, lambda: self.scheduler, lambda: self.score_step, self._extra_stream))
+        self.generator.open_retriever()
         self.models: dict = {}  # role -> module (HF and vLLM engines: under vLLM the slots' target)
         self.slots: dict = {}  # role -> {name: shared tensor}, set by the trainer's first message
-        self._extra = None
         self.vllm = None  # rollout=vllm: the worker's own engine, loaded from the solver model's weights
         self.last_sync_s = 0.0  # rollout=vllm: the last load of the solver's weights into it
-        self.engine, self.evaluator_engine = self._engines()
+        self.generator.use(self._engines())
 
     def _engines(self):
-        c, tok = self.cfg, self.tokenizer
-        if c.rollout.engine == "scripted":
-            from hydra.utils import instantiate
-
-            from score_lightning.rollout.scripted import ScriptedEngine
-
-            engine = ScriptedEngine(tok, instantiate(c.rollout.responder))
-            return engine, engine
-        if c.rollout.engine not in ("hf", "vllm"):
+        """The worker's engines (``build_engines``), over model copies of its own for HF and vLLM."""
+        c = self.cfg
+        if c.rollout.engine not in ("hf", "vllm", "scripted"):
             raise ValueError(f"rollout.mode=async has no worker for rollout.engine={c.rollout.engine!r}")
-        from score_lightning.policy.models import load_policy
-        from score_lightning.rollout.hf_engine import HFEngine, fast_forward_options
+        solver = evaluator = None
+        if c.rollout.engine != "scripted":
+            from score_lightning.policy.models import load_policy
 
-        m, top = c.model, c.model.get("trainable_layers")
-        solver = load_policy(self.spec.model_path, m.dtype, False, lora=m.get("lora"), trainable_layers=top)
-        evaluator = solver if bool(c.actor.shared) else load_policy(self.spec.model_path, m.dtype, False,
-                                                                   trainable_layers=top)
-        self.models = {"solver": solver, "evaluator": evaluator}
-        for model in {id(x): x for x in self.models.values()}.values():
-            model.requires_grad_(False)
-            model.to(self.spec.device)
-        args = (tok.pad_token_id, tok.eos_token_id, tok, int(c.rollout.max_batch_size), False)
-        ff = fast_forward_options(c.rollout)
-        evaluator_engine = HFEngine(lambda: evaluator, *args, **ff)
-        if c.rollout.engine == "hf":
-            return HFEngine(lambda: solver, *args, **ff), evaluator_engine
-        self.vllm = _vllm_engine(self.spec, c)
-        # a shared actor scores with vLLM too, unless rollout.evaluator_engine=hf; a separate evaluator keeps its
-        # HF engine, as under rollout.mode=sync
-        return self.vllm, self.vllm if evaluator_on_vllm(c) else evaluator_engine
+            m, top = c.model, c.model.get("trainable_layers")
+            solver = load_policy(self.spec.model_path, m.dtype, False, lora=m.get("lora"), trainable_layers=top)
+            evaluator = solver if bool(c.actor.shared) else load_policy(self.spec.model_path, m.dtype, False,
+                                                                       trainable_layers=top)
+            self.models = {"solver": solver, "evaluator": evaluator}
+            for model in {id(x): x for x in self.models.values()}.values():
+                model.requires_grad_(False)
+                model.to(self.spec.device)
+        engines = build_engines(c, self.generator.tokenizer, lambda: solver, lambda: evaluator,
+                                vllm=lambda: _vllm_engine(self.spec, c))
+        self.vllm = engines.vllm
+        return engines
 
     def _extra_stream(self):
         """Dynamic sampling's own query stream, as the trainer's (one process: rank 0 of 1)."""
@@ -192,15 +172,15 @@ class WorkerHost(GenerationHooks):
         if req.weights:
             self.load_weights()
         self.harness_state, self.scheduler = req.harness_state, req.scheduler
-        self.rubric_source.load_state_dict(req.rubric_state)
+        self.generator.rubric_source.load_state_dict(req.rubric_state)
         self.score_step = req.step
         seed_request(int(self.cfg.seed), req.step)
         t0 = time.perf_counter()
         with self._precision():
-            ro = self.rollout(list(req.prompts), list(req.ids))
+            ro = self.generator.rollout(list(req.prompts), list(req.ids))
             t1 = time.perf_counter()
-            rw = self.score(ro)
-            ro, rw, drawn = self.draw_until_informative(ro, rw)
+            rw = self.generator.score(ro)
+            ro, rw, drawn = self.generator.draw_until_informative(ro, rw)
         stamp_policy_version(ro, req.version)
         return GeneratedBatch(req.step, req.version, list(req.ids), list(req.prompts), ro, rw, drawn,
                               t1 - t0, time.perf_counter() - t1,
@@ -249,8 +229,8 @@ def worker_main(spec: WorkerSpec, requests, results) -> None:
         results.put(("error", traceback.format_exc()))
         return
     results.put(("ready", {"pid": os.getpid(), "threads": torch.get_num_threads(),
-                           "engine": type(host.engine).__name__,
-                           "evaluator_engine": type(host.evaluator_engine).__name__}))
+                           "engine": type(host.generator.engine).__name__,
+                           "evaluator_engine": type(host.generator.evaluator_engine).__name__}))
     while True:
         msg = _next(requests, spec.parent_pid)
         if msg is None:

@@ -1,27 +1,36 @@
-"""Stages 1-3 as one unit: what a SCORE step *generates* (evidence, rubric, K solver rollouts per query,
+"""Stages 1-3 as one object: what a SCORE step *generates* (evidence, rubric, K solver rollouts per query,
 scoring, the rewards, and dynamic sampling's extra draws).
 
-Why a mixin: the trainer runs it in ``training_step`` under ``rollout.mode=sync``, and the asynchronous
-rollout worker (:mod:`score_lightning.generation.async_worker`) runs the very same methods in its own
-process under ``rollout.mode=async``. One copy of the code is what makes ``rollout.max_staleness=0``
-reproduce synchronous training exactly. A host provides ``cfg``, ``K``, ``engine``, ``evaluator_engine``,
-``tokenizer``, ``retriever``, ``harness_state``, ``scheduler``, ``rubric_source``, ``rollout_settings``,
-``reward_settings``, ``sampling``, ``score_step`` and ``_extra_stream()``.
+Why one object, built by one function: the trainer runs it in ``training_step`` under ``rollout.mode=sync``, and
+the asynchronous rollout worker (:mod:`score_lightning.generation.async_worker`) runs its own in its own process
+under ``rollout.mode=async``; both come from :func:`build_generator`, so the two generate with the same tokenizer,
+rubric source, settings and sampling, which is what makes ``rollout.max_staleness=0`` reproduce synchronous
+training exactly. Engines come from :func:`score_lightning.generation.engines.build_engines` (:meth:`Generator.use`),
+the retriever from the config in the process that searches (:meth:`Generator.open_retriever`).
+
+What belongs to the run that owns it (harness state, dimension scheduler, step, dynamic sampling's query stream,
+RubricEM's reflection memory) it reads through :class:`RunAccess` at each call: the trainer's run state moves
+with the meta-harness and checkpoints, the worker's with each request, and the generator keeps no copy to drift.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 from score_lightning import distributed as D
 from score_lightning.roles.cited_passages import corpus_texts
 from score_lightning.rollout.search_steps import shown_passages
 from score_lightning.step.rubric_source import RubricContext
 from score_lightning.step.citation_reward import CitationJudgeSettings, add_citation_reward
-from score_lightning.step.dynamic_sampling import extra_batch, informative_groups, merge_draws, pick_groups
+from score_lightning.step.dynamic_sampling import (
+    DynamicSampling, extra_batch, informative_groups, merge_draws, pick_groups,
+)
 from score_lightning.step.judge_scoring import external_evaluations, judge_from_cfg
 from score_lightning.step.reward_assembly import (
-    StepRewards, assemble_rewards, effective_tau, parse_answers, rewards_from_evaluations,
+    RewardSettings, StepRewards, assemble_rewards, effective_tau, parse_answers, rewards_from_evaluations,
 )
-from score_lightning.step.rollouts import initial_evidence, scoring_rollouts, solver_rollouts
+from score_lightning.step.rollouts import RolloutSettings, initial_evidence, scoring_rollouts, solver_rollouts
 from score_lightning.step.rule_rewards import rule_step_rewards
 from score_lightning.step.types import StepRollouts, StepRubric
 
@@ -46,13 +55,56 @@ def trajectory_versions(ro: StepRollouts) -> list[int]:
     return [int(v) for v in versions]
 
 
-class GenerationHooks:
+@dataclass
+class RunAccess:
+    """What generating reads from the run that owns the generator, at each call (see the module docstring)."""
+
+    harness_state: Callable[[], object]  # the HarnessState of the step being generated
+    scheduler: Callable[[], object]  # the DimensionScheduler whose hints shape the rubric prompt (None: no hints)
+    step: Callable[[], int]  # the SCORE step being generated
+    extra_stream: Callable[[], object]  # dynamic sampling's own QueryStream
+    guidance: Callable[[], Callable | None] = lambda: None  # RubricEM's reflection memory, per query id
+
+
+class Generator:
     """``rubric_context``, ``rollout``, ``score`` and ``draw_until_informative``: the generating stages of a step."""
+
+    def __init__(self, cfg, tokenizer, rubric_source, rollout_settings: RolloutSettings,
+                 reward_settings: RewardSettings, sampling: DynamicSampling, run: RunAccess):
+        self.cfg, self.K, self.run = cfg, int(cfg.solver.num_rollouts), run
+        self.tokenizer, self.rubric_source = tokenizer, rubric_source
+        self.rollout_settings, self.reward_settings, self.sampling = rollout_settings, reward_settings, sampling
+        self.engine = self.evaluator_engine = None  # use(): the trainer's setup, the vLLM callback, the worker
+        self.retriever = None  # open_retriever(), or a test's own
+        self._judge = None
+
+    @property
+    def harness_state(self):
+        return self.run.harness_state()
+
+    @property
+    def scheduler(self):
+        return self.run.scheduler()
+
+    @property
+    def score_step(self) -> int:
+        return int(self.run.step())
+
+    def use(self, engines) -> None:
+        """Generate on ``engines`` (an :class:`~score_lightning.generation.engines.Engines`) from now on."""
+        self.engine, self.evaluator_engine = engines.solver, engines.evaluator
+
+    def open_retriever(self) -> None:
+        """The configured retriever, built in the process that searches (an MCP stdio server starts with it)."""
+        if self.retriever is None:
+            from score_lightning.retrieval.from_config import retriever_from_config
+
+            self.retriever = retriever_from_config(self.cfg.retriever, self.cfg.paths.cache_dir)
 
     def rubric_context(self) -> RubricContext:
         return RubricContext(self.evaluator_engine, self.tokenizer, self.retriever, self.harness_state, self.scheduler,
                              int(self.cfg.evaluator.max_prompt_tokens), float(self.cfg.evaluator.temperature),
-                             int(getattr(self, "score_step", 0)))
+                             self.score_step)
 
     def rollout(self, queries: list[str], query_ids: list[str] | None = None,
                 rubric_of: StepRubric | None = None) -> StepRollouts:
@@ -66,7 +118,7 @@ class GenerationHooks:
             rubrics = StepRubric([rubric_of.first] * len(queries), [], rubric_of.valid, rubric_of.error,
                                  fallback=[bool(rubric_of.fallback and rubric_of.fallback[0])] * len(queries))
         self._release_caches()  # a stage boundary (see _release_caches)
-        memory = getattr(getattr(self, "step_stage", None), "guidance", None)  # RubricEM's reflection memory
+        memory = self.run.guidance()  # RubricEM's reflection memory
         solver = solver_rollouts(self.engine, self.tokenizer, self.retriever, queries, rubrics.per_query,
                                  self.harness_state, self.rollout_settings, memory(ids) if memory else None)
         return StepRollouts(list(queries), rubrics, evidence, errors, solver, query_ids=ids)
@@ -118,7 +170,7 @@ class GenerationHooks:
     @property
     def judge(self):
         """The run's external judge (``judge`` group), built on first use in the process that scores."""
-        if getattr(self, "_judge", None) is None:
+        if self._judge is None:
             self._judge = judge_from_cfg(self.cfg)
         return self._judge
 
@@ -131,7 +183,7 @@ class GenerationHooks:
         need = len(ro.queries)
         while (self.sampling.enabled and len(draws) < self.sampling.max_draws
                and D.global_max(float(need - sum(int(f.sum()) for f in flags))) > 0):
-            extra = extra_batch(self._extra_stream(), self.score_step, len(draws), self.sampling.max_draws)
+            extra = extra_batch(self.run.extra_stream(), self.score_step, len(draws), self.sampling.max_draws)
             more = self.rollout(list(extra["prompt"]), [str(i) for i in extra["id"]], rubric_of=ro.rubrics)
             more_rw = self.score(more)
             draws.append((more, more_rw))
@@ -151,3 +203,47 @@ class GenerationHooks:
         them changes no computation."""
         for engine in (self.engine, self.evaluator_engine):
             getattr(engine, "release_cache", lambda: None)()
+
+
+def build_generator(cfg, tokenizer_path: str, run: RunAccess) -> Generator:
+    """The one place a generator's collaborators are built from the config (the trainer's and the worker's): the
+    tokenizer, the rubric source (``rubric``: configs/rubric/), the rollout and reward settings, dynamic sampling."""
+    from hydra.utils import instantiate
+
+    from score_lightning.policy.models import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_path, chat_template=cfg.model.get("chat_template"))
+    return Generator(cfg, tokenizer, instantiate(cfg.rubric, _convert_="all"), RolloutSettings.from_cfg(cfg),
+                     RewardSettings.from_cfg(cfg), DynamicSampling.from_cfg(cfg), run)
+
+
+class _Generators:
+    """An attribute of a host that is its ``generator``'s: read and set through the host, held once."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, host, owner: type | None = None):
+        return self if host is None else getattr(host.generator, self.name)
+
+    def __set__(self, host, value) -> None:
+        setattr(host.generator, self.name, value)
+
+
+class GeneratorHost:
+    """A host (``ScoreModule``) that holds a ``generator``: what callbacks, method plug-ins and tests read or swap on
+    the host (``module.engine``, ``module.retriever``, ``module.rollout`` ...) is the generator's own, so the vLLM
+    callback's engine or a test's stub is the one generation uses."""
+
+    tokenizer = _Generators()
+    engine = _Generators()
+    evaluator_engine = _Generators()
+    retriever = _Generators()
+    rubric_source = _Generators()
+    rollout_settings = _Generators()
+    reward_settings = _Generators()
+    sampling = _Generators()
+    rubric_context = _Generators()
+    rollout = _Generators()
+    score = _Generators()
+    draw_until_informative = _Generators()

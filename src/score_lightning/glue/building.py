@@ -38,37 +38,25 @@ class BuildingHooks:
         return self.policy if self.evaluator_policy is None else self.evaluator_policy
 
     def setup(self, stage: str) -> None:
-        from score_lightning.retrieval.from_config import retriever_from_config
+        from score_lightning.generation.engines import build_engines, collective_forwards
         from score_lightning.step.judge_scoring import configure_limits
 
         # this process's share of the run's judge.max_concurrency / requests_per_minute (ranks are known from here)
         configure_limits(self.cfg, self.trainer.global_rank, self.trainer.world_size)
-        if self.retriever is None:
-            self.retriever = retriever_from_config(self.cfg.retriever, self.cfg.paths.cache_dir)
+        self.generator.open_retriever()  # unless a test or script set one
         if self.prefetch is not None:  # rollout.mode=async: the worker loads its engines while the trainer sets up
             from score_lightning.generation.prefetch import worker_threads
 
             self.prefetch.threads = worker_threads(getattr(self, "thread_plan", None))
             self.prefetch.start(self.trainer.strategy.root_device)
-        if self.engine is not None:
-            return
-        tok, kind = self.tokenizer, self.cfg.rollout.engine
+        kind = str(self.cfg.rollout.engine)
+        if self.engine is not None or (kind == "vllm" and self.prefetch is None):
+            return  # rollout=vllm rollout.mode=sync: the vLLM callback installs its engine on fit start
         # rollout=vllm rollout.mode=async: the worker owns the vLLM engine; what the trainer still generates
         # (step judgements, preference pairs) runs on HF engines over its own modules (no weight copy)
-        if kind == "hf" or (kind == "vllm" and self.prefetch is not None):
-            from score_lightning.rollout.hf_engine import HFEngine, fast_forward_options
-
-            sharded = self.cfg.strategy.name == "fsdp" and self.trainer.world_size > 1  # forwards are collective
-            args = (tok.pad_token_id, tok.eos_token_id, tok, int(self.cfg.rollout.max_batch_size), sharded)
-            ff = fast_forward_options(self.cfg.rollout)
-            self.engine = HFEngine(lambda: self.policy, *args, **ff)
-            self.evaluator_engine = HFEngine(lambda: self.eval_model, *args, **ff)
-        elif kind == "scripted":
-            from hydra.utils import instantiate
-
-            from score_lightning.rollout.scripted import ScriptedEngine
-
-            self.engine = self.evaluator_engine = ScriptedEngine(tok, instantiate(self.cfg.rollout.responder))
+        self.generator.use(build_engines(self.cfg, self.tokenizer, lambda: self.policy, lambda: self.eval_model,
+                                         kind="hf" if kind == "vllm" else kind,
+                                         collective=collective_forwards(self.cfg, self.trainer.world_size)))
 
     def teardown(self, stage: str) -> None:
         self.close_workers()
