@@ -48,7 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "data" / "golden"
 #: the CPU experiments (issue 70's list), each trained for STEPS steps with its own budgets
 EXPERIMENTS = ("tiny_score", "grpo_baseline", "rule_tiny", "rler_tiny", "given_tiny", "evorubric_tiny",
-               "preference_tiny", "drrubric_tiny", "mams_tiny", "arco_tiny", "rubricem_tiny", "grpo_judge_tiny")
+               "preference_tiny", "drrubric_tiny", "mams_tiny", "arco_tiny", "rubricem_tiny", "grpo_judge_tiny",
+               "dpo_tiny")
 STEPS = 3
 RTOL, ATOL = 1e-4, 1e-8
 #: scalars left out, by tag prefix: they follow the clock or the machine's load, not behaviour. Wall-clock

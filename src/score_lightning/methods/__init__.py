@@ -6,6 +6,7 @@ imports this package once. Add a method by adding its folder and one import line
 """
 
 from score_lightning.methods import arco  # noqa: F401
+from score_lightning.methods import dpo  # noqa: F401
 from score_lightning.methods import mams  # noqa: F401
 from score_lightning.methods import preference  # noqa: F401
 from score_lightning.methods import rler  # noqa: F401
