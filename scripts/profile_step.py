@@ -85,7 +85,8 @@ ORDER = ("step", "rubric", "solver rollouts", "scoring", "solver update", "  old
 def instrument(meter: StageMeter, patch=setattr) -> None:
     """Wrap the stage functions where the step looks them up (``patch``: ``setattr``, or a test's ``monkeypatch``).
 
-    ``ScoreModule.training_step`` calls the updates; the generating stages are the ``Generator`` of
+    ``ScoreModule.training_step`` calls the evaluator update and the solver objective (``step/solver_objective.py``,
+    whose ``grpo`` entry looks ``solver_update`` up there); the generating stages are the ``Generator`` of
     ``generation/generator.py``, which look up ``solver_rollouts`` there; the solver update's log-prob passes are
     looked up in ``step/solver_update.py``.
     """
@@ -93,16 +94,17 @@ def instrument(meter: StageMeter, patch=setattr) -> None:
 
     import score_lightning.module as M
     import score_lightning.generation.generator as G
+    import score_lightning.step.solver_objective as SO
     import score_lightning.step.solver_update as SU
 
     patch(G, "solver_rollouts", meter.wrap("solver rollouts", G.solver_rollouts))
-    patch(M, "solver_update", meter.wrap("solver update", M.solver_update))
+    patch(SO, "solver_update", meter.wrap("solver update", SO.solver_update))
     patch(M, "evaluator_update", meter.wrap("evaluator update", M.evaluator_update))
     patch(SU, "chunked_logprobs", meter.wrap("  old/ref log-probs", SU.chunked_logprobs))
     plain, timed = SU.policy_logprobs, meter.wrap("  forward (grad)", SU.policy_logprobs)
     patch(SU, "policy_logprobs", lambda *a, **k: (timed if torch.is_grad_enabled() else plain)(*a, **k))  # no-grad: old/ref
-    score, hooks, training_step = M.ScoreModule.score, M.ScoreModule.optimizer_hooks, M.ScoreModule.training_step
-    patch(M.ScoreModule, "score", lambda self, ro: meter.wrap("scoring", score)(self, ro))
+    score, hooks, training_step = G.Generator.score, M.ScoreModule.optimizer_hooks, M.ScoreModule.training_step
+    patch(G.Generator, "score", lambda self, ro: meter.wrap("scoring", score)(self, ro))  # module.score is its generator's
 
     def _hooks(self, phase, model):
         h = hooks(self, phase, model)
