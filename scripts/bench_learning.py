@@ -86,6 +86,7 @@ CONDITIONS: dict[str, list[str]] = {
     "mams": ["experiment=mams_tiny"],
     "arco": ["experiment=arco_tiny"],
     "rubricem": ["experiment=rubricem_tiny"],
+    "dpo": ["experiment=dpo_tiny"],  # the paper's DPO baseline, online (methods/dpo; issue 70)
     # a real pretrained model (SmolLM2-135M-Instruct) with its own cold start: its own table, never pooled
     "smol_score": ["experiment=smol_score"],
     "smol_rule": ["experiment=rule_smol"],
