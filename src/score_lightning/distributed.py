@@ -40,6 +40,13 @@ def global_sum(value: float) -> float:
     return float(t.item())
 
 
+def pooled_mean(total: float, count: int, empty: float = 0.0) -> float:
+    """``total / count`` with both summed over ranks (``empty`` when no rank counted any): the whole batch's value,
+    not rank 0's share. Collective: every rank calls it, in the same order."""
+    total, count = global_sum(total), global_sum(count)
+    return total / count if count > 0 else empty
+
+
 def global_max(value: float) -> float:
     """Maximum of ``value`` over ranks."""
     if world_size() == 1:

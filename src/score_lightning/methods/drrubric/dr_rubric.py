@@ -136,11 +136,11 @@ class DeepResearchRubrics:
         n = len(research)  # pooled over ranks (collective, in this order on every rank); the iteration is global
         stats = {"rubric/iteration": float(iteration), "rubric/rewritten": D.global_sum(len(due) - failed),
                  "rubric/items_added": D.global_sum(written),
-                 "rubric/write_fail_rate": _pooled(failed, len(due)),
-                 "rubric/research_searches": _pooled(sum(r.searches for r in research), n),
-                 "rubric/research_fail_rate": _pooled(sum(r.failed for r in research), n),
+                 "rubric/write_fail_rate": D.pooled_mean(failed, len(due)),
+                 "rubric/research_searches": D.pooled_mean(sum(r.searches for r in research), n),
+                 "rubric/research_fail_rate": D.pooled_mean(sum(r.failed for r in research), n),
                  "rubric/research_retrieval_errors": D.global_sum(sum(r.retrieval_errors for r in research)),
-                 "rubric/buffer_size": _pooled(sum(sizes), len(sizes))}
+                 "rubric/buffer_size": D.pooled_mean(sum(sizes), len(sizes))}
         return StepRubric(per_query, samples, not any(fallback), "no rubric items" if any(fallback) else "",
                           stats, fallback)
 
@@ -224,12 +224,6 @@ class DeepResearchRubrics:
     def load_state_dict(self, state: dict) -> None:
         self.buffer = {qid: _Written([Item(t, float(w), bool(n)) for t, w, n in e["items"]], int(e["iteration"]),
                                      int(e.get("searches", 0))) for qid, e in state.items()}
-
-
-def _pooled(total: float, count: int) -> float:
-    """``total / count`` with both summed over data-parallel ranks (0 when no rank counted any). Collective."""
-    total, count = D.global_sum(total), D.global_sum(count)
-    return total / count if count > 0 else 0.0
 
 
 def _checked_research(text: str) -> str:

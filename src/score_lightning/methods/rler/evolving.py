@@ -19,7 +19,7 @@ the others after that step's scoring; the buffer is saved in checkpoints and res
 first visit, and then kept as they are (no contrast items, no pruning).
 
 Each data-parallel rank holds the buffers of its own queries, so the ``rubric/*`` scalars are pooled over
-ranks (sums and counts summed, then divided: :func:`pooled_mean`) before they are logged as the step's.
+ranks (sums and counts summed, then divided: :func:`~score_lightning.distributed.pooled_mean`) before they are logged as the step's.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ class EvolvingRubrics:
                 per_query.append(items_rubric(entry.items))
                 fallback.append(False)
         stats = {"rubric/items_added": D.global_sum(added),  # over ranks, as every rubric/* scalar
-                 "rubric/write_fail_rate": pooled_mean(failed, len(owners), 0.0)}
+                 "rubric/write_fail_rate": D.pooled_mean(failed, len(owners), 0.0)}
         return StepRubric(per_query, out_samples, not any(fallback), "no rubric items" if any(fallback) else "",
                           stats, fallback)
 
@@ -145,7 +145,7 @@ class EvolvingRubrics:
         removed, stds = 0, []
         if not self.evolve:  # the initial items stay as written
             sizes = [len(self.buffer[str(q)].items) for q in query_ids if str(q) in self.buffer]
-            return {"rubric/items_removed": 0.0, "rubric/buffer_size": pooled_mean(sum(sizes), len(sizes), 0.0)}
+            return {"rubric/items_removed": 0.0, "rubric/buffer_size": D.pooled_mean(sum(sizes), len(sizes), 0.0)}
         shown = None
         for qi, (qid, scores, group, r) in enumerate(zip(query_ids, item_scores, reports, rewards)):
             entry = self.buffer.get(str(qid))
@@ -169,8 +169,8 @@ class EvolvingRubrics:
                     entry.worst_passages = self._passages(worst, shown[qi][order[0]])
         sizes = [len(self.buffer[str(q)].items) for q in query_ids if str(q) in self.buffer]
         return {"rubric/items_removed": D.global_sum(removed),
-                "rubric/buffer_size": pooled_mean(sum(sizes), len(sizes), 0.0),
-                "rubric/item_std_mean": pooled_mean(sum(stds), len(stds), math.nan)}
+                "rubric/buffer_size": D.pooled_mean(sum(sizes), len(sizes), 0.0),
+                "rubric/item_std_mean": D.pooled_mean(sum(stds), len(stds), math.nan)}
 
     def _passages(self, report: str, found: dict[str, str]) -> str:
         """``[id] text`` lines of what a report's searches returned: the ids it cites first, then the rest."""
@@ -189,13 +189,6 @@ class EvolvingRubrics:
         self.buffer = {qid: _Entry([Item(t, float(w), bool(n)) for t, w, n in e["items"]], e.get("best", ""),
                                    e.get("worst", ""), e.get("best_passages", ""), e.get("worst_passages", ""))
                        for qid, e in state.items()}
-
-
-def pooled_mean(total: float, count: int, empty: float) -> float:
-    """``total / count`` with both summed over data-parallel ranks (``empty`` when no rank counted any): the
-    whole batch's value, not rank 0's share. Collective: every rank calls it, in the same order."""
-    total, count = D.global_sum(total), D.global_sum(count)
-    return total / count if count > 0 else empty
 
 
 def score_spread(scores: torch.Tensor) -> list[float]:
