@@ -15,8 +15,10 @@ class ScoreCheckpoint(ModelCheckpoint):
     """
 
     def __init__(self, dirpath: str, every_n_steps: int = 10, **kwargs):
+        # auto_insert_metric_name=False: "step-000050.ckpt", the name a user types, not "step-step=000050.ckpt"
         super().__init__(dirpath=dirpath, filename="step-{step:06d}", every_n_train_steps=every_n_steps,
-                         save_last=True, save_top_k=1, enable_version_counter=False, **kwargs)
+                         save_last=True, save_top_k=1, enable_version_counter=False, auto_insert_metric_name=False,
+                         **kwargs)
 
     def save_last_now(self, trainer) -> None:
         """Write ``last.ckpt`` for the current step unless it is already saved (collective)."""
