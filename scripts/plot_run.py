@@ -1,10 +1,12 @@
 """Draw a run's main curves (TensorBoard's "SCORE" custom-scalars page) to one PNG.
 
-Usage: python scripts/plot_run.py RUN_DIR [--out docs/tiny_score_run.png] [--title TEXT]
+Usage: python scripts/plot_run.py RUN_DIR [--out docs/tiny_score_run.png] [--title TEXT] [--smoothing 0.6]
 RUN_DIR is a run's ``paths.output_dir`` (e.g. ``logs/tiny_score/<time>``); the scalars come from its
 TensorBoard event files, read with tensorboard's ``EventAccumulator``. The charts are the ones the
 trainer registers as the "SCORE" page (``score_lightning.telemetry.loggers.SCORE_LAYOUT``), so the picture and
-the page show the same tags. Needs matplotlib (``pip install -e ".[plot]"``).
+the page show the same tags. Each curve is drawn as its raw points (faint) under a smoothed line: TensorBoard's own
+debiased exponential moving average (``--smoothing``, 0.6 as TensorBoard's slider; 0 draws the raw line), since at
+8 trajectories a step a per-step reward is too noisy to show a trend. Needs matplotlib (``pip install -e ".[plot]"``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,18 @@ def read_scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: sorted(points.items()) for tag, points in out.items()}
 
 
-def plot(run: Path, out: Path, title: str | None = None) -> list[str]:
+def smooth(values: list[float], weight: float) -> list[float]:
+    """TensorBoard's scalar smoothing: an exponential moving average of weight ``weight`` on the previous value,
+    debiased so the first points are not pulled toward 0 (``last / (1 - weight**n)``); NaNs are skipped."""
+    out, last, n = [], 0.0, 0
+    for v in values:
+        if math.isfinite(v):
+            last, n = last * weight + (1 - weight) * v, n + 1
+        out.append(last / (1 - weight ** n) if n else math.nan)  # a NaN keeps the previous smoothed value
+    return out
+
+
+def plot(run: Path, out: Path, title: str | None = None, smoothing: float = 0.6) -> list[str]:
     """Write the PNG; return the charts drawn (a chart with none of its tags logged is left out)."""
     import matplotlib
 
@@ -52,7 +65,11 @@ def plot(run: Path, out: Path, title: str | None = None) -> list[str]:
     for ax, (name, tags) in zip(axes.flat, charts):
         for tag in tags:
             steps, values = zip(*scalars[tag])
-            ax.plot(steps, values, marker="." if len(steps) < 60 else None, label=tag)
+            if smoothing > 0:
+                raw = ax.plot(steps, values, marker="." if len(steps) < 60 else None, alpha=0.3, linewidth=0.8)
+                ax.plot(steps, smooth(list(values), smoothing), color=raw[0].get_color(), label=tag)
+            else:
+                ax.plot(steps, values, marker="." if len(steps) < 60 else None, label=tag)
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("SCORE step", fontsize=8)
         ax.tick_params(labelsize=8)
@@ -73,14 +90,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run", type=Path, help="a run's paths.output_dir")
     ap.add_argument("--out", type=Path, default=Path("docs/tiny_score_run.png"))
     ap.add_argument("--title", default=None, help="figure title (default: the run folder)")
+    ap.add_argument("--smoothing", type=float, default=0.6,
+                    help="TensorBoard's smoothing weight in [0, 1): the line drawn over the raw points (0: raw only)")
     args = ap.parse_args(argv)
+    if not 0 <= args.smoothing < 1:
+        print(f"error: --smoothing={args.smoothing}: a weight in [0, 1) (TensorBoard's slider; 0 draws raw points only)",
+              file=sys.stderr)
+        return 2
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         print('error: scripts/plot_run.py needs matplotlib\n  pip install -e ".[plot]"', file=sys.stderr)
         return 2
     try:
-        drawn = plot(args.run, args.out, args.title)
+        drawn = plot(args.run, args.out, args.title, args.smoothing)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

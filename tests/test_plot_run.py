@@ -46,3 +46,16 @@ def test_a_folder_without_events_is_refused(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: no SCORE scalars under") and "Traceback" not in proc.stderr
     assert not (tmp_path / "x.png").exists()
+
+
+def test_the_smoothed_line_is_tensorboards_debiased_moving_average() -> None:
+    # by hand, weight 0.5: EMA 0.5, 1.25, 1.625 over debias 0.5, 0.75, 0.875 -> 1.0, 5/3, 13/7; a NaN keeps the last
+    got = plot_run.smooth([1.0, 2.0, 2.0, float("nan")], 0.5)
+    assert [round(g, 6) for g in got] == [1.0, round(5 / 3, 6), round(13 / 7, 6), round(13 / 7, 6)]
+    assert plot_run.smooth([3.0, -1.0], 0.0) == [3.0, -1.0]  # 0: the raw values
+
+
+def test_a_smoothing_weight_outside_0_1_is_refused(tmp_path: Path) -> None:
+    _fake_run(tmp_path / "run")
+    assert plot_run.main([str(tmp_path / "run"), "--out", str(tmp_path / "p.png"), "--smoothing", "1"]) == 2
+    assert plot_run.main([str(tmp_path / "run"), "--out", str(tmp_path / "p.png"), "--smoothing", "0.9"]) == 0
