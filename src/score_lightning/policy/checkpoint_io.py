@@ -49,8 +49,9 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
         raise
 
 
-def validate_checkpoint(path: str | os.PathLike, check_state: Callable[[Path, Any], None] | None = None) -> None:
-    """Raise :class:`CheckpointError` unless ``path`` is a complete score-lightning checkpoint.
+def validate_checkpoint(path: str | os.PathLike, check_state: Callable[[Path, Any], None] | None = None) -> int | None:
+    """Raise :class:`CheckpointError` unless ``path`` is a complete score-lightning checkpoint; return the SCORE step
+    it holds (Lightning's ``global_step``, which counts SCORE steps here), or None when it stores none.
 
     ``check_state(path, state)`` sees the run state it stores (``ckpt["score"]``): the layers above (the
     asynchronous batch in flight, say) check their own part there, before any model loads."""
@@ -76,3 +77,5 @@ def validate_checkpoint(path: str | os.PathLike, check_state: Callable[[Path, An
         raise CheckpointError(f"ckpt_path={p}: not a complete score-lightning checkpoint (missing {missing}); {advice}")
     if check_state is not None:
         check_state(p, data["score"])
+    step = data.get("global_step")
+    return int(step) if isinstance(step, int) else None

@@ -96,9 +96,15 @@ def check_files(c: Checks) -> None:
         from score_lightning.policy.checkpoint_io import CheckpointError, validate_checkpoint
 
         try:
-            validate_checkpoint(str(ckpt), check_stored_batch)
+            step = validate_checkpoint(str(ckpt), check_stored_batch)
         except CheckpointError as exc:
             c.add(str(exc))
+        else:
+            max_steps = c.get("trainer.max_steps")
+            if step is not None and isinstance(max_steps, int) and 0 <= max_steps <= step:
+                c.add(f"trainer.max_steps={max_steps}: ckpt_path={ckpt} already holds SCORE step {step}, so resuming "
+                      f"would train nothing; trainer.max_steps counts SCORE steps from the start of the run: set it "
+                      f"above {step} (e.g. trainer.max_steps={step + max(max_steps, 1)})")
     from score_lightning.data.corpus import DataFormatError
 
     if str(c.get("rubric._target_") or "").endswith("GivenRubrics"):

