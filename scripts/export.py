@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Export the policy of a training checkpoint as an HF model directory (e.g. after preemption).
+"""Export the policy of a training checkpoint as an HF model directory (e.g. after preemption), with the run's
+config beside it (run_config.json), so scripts/evaluate.py samples the export as the run trained.
 
     python scripts/export.py logs/tiny_score/<run>/checkpoints/last.ckpt exported/
 """

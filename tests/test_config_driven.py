@@ -137,6 +137,10 @@ def test_export_script_rebuilds_the_exported_policy(tmp_path, tiny_ckpt):
     cfg = compose(STEP)
     assert budgets == {"max_tool_calls": cfg.solver.max_tool_calls, "max_response_tokens": cfg.solver.max_response_tokens,
                        "max_observation_tokens": cfg.solver.max_observation_tokens, "topk": cfg.solver.topk}
+    # scripts/export.py writes the same settings beside the policy, so evaluating its output samples as the run did
+    assert _run_budgets(str(tmp_path / "again")) == budgets
+    assert json.loads((tmp_path / "again" / "run_config.json").read_text()) == \
+        json.loads((out / "export" / "run_config.json").read_text())
 
 
 def _cli(args: list[str], tmp_path: Path, **env_vars: str) -> tuple[subprocess.CompletedProcess, float]:

@@ -89,4 +89,10 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, model_path: st
     out = save_policy(model, out_dir)
     template = model_cfg.get("chat_template")
     load_tokenizer(hp.get("tokenizer_path") or base, chat_template=template).save_pretrained(out)
+    if hp.get("cfg"):  # the run's resolved config, as the end-of-run export writes it: evaluation samples as it trained
+        import json
+
+        from score_lightning.data.run_config import RUN_CONFIG
+
+        (out / RUN_CONFIG).write_text(json.dumps(hp["cfg"], indent=1))
     return out
