@@ -28,8 +28,10 @@ _PACKAGE = "score_lightning."
 #: modules that moved since a checkpoint may have been written (the core and plug-ins layout): a stored
 #: dataclass path from before the move is rebuilt from its new home
 MOVED = {
+    "score_lightning.callbacks.evaluator_pairs": "score_lightning.evaluation.pair_probe",
+    "score_lightning.callbacks.progress": "score_lightning.telemetry.progress",
+    "score_lightning.evaluation.drb2_tasks": "score_lightning.data.drb2_tasks",
     "score_lightning.evaluation.score_signal": "score_lightning.rewards.score_signal",
-    "score_lightning.glue.preference": "score_lightning.methods.preference.hooks",
     "score_lightning.roles.mams_prompts": "score_lightning.methods.mams.prompts",
     "score_lightning.roles.rubricem_prompts": "score_lightning.methods.rubricem.prompts",
     "score_lightning.roles.step_judge": "score_lightning.methods.arco.judge",
@@ -38,6 +40,7 @@ MOVED = {
     "score_lightning.rollout.stages": "score_lightning.methods.rubricem.stages",
     "score_lightning.rubrics.base": "score_lightning.step.rubric_source",
     "score_lightning.rubrics.dr_rubric": "score_lightning.methods.drrubric.dr_rubric",
+    "score_lightning.rubrics.given": "score_lightning.methods.given.rubrics",
     "score_lightning.rubrics.evolving": "score_lightning.methods.rler.evolving",
     "score_lightning.rubrics.item_writer": "score_lightning.methods.rler.item_writer",
     "score_lightning.rubrics.items": "score_lightning.methods.rler.items",
