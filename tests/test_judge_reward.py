@@ -13,38 +13,11 @@ import pytest
 
 from helpers import FAST, compose, read_scalars
 from openai_stub import OpenAIStub, Reply
+from judge_fixtures import B, K, ROW, Solver, _grpo, _train, evaluation
 from score_lightning.errors import JudgeUnavailable
-from score_lightning.rollout.scripted import ScriptedEngine, ScriptRequest
+from score_lightning.rollout.scripted import ScriptedEngine
 
-K, B = 4, 2
-OBS_ID = re.compile(r"<observation>\[([^\]\s]+)\] ")
-ROW = re.compile(r"report from row (\d+)")
-DIM = re.compile(r"^- ([a-z][a-z0-9_]*) \(weight ", re.MULTILINE)
-#: per row of a step (query-major: row = query * K + k): a uniform score for every dimension, or a fault
 PLAN = {0: 9, 1: "500", 2: 3, 3: 6, 4: "hang", 5: "429", 6: "garbage", 7: 5}
-
-
-class Solver:
-    """Search once, then answer citing the first observed id; the report names its row for the judge stub."""
-
-    def __init__(self):
-        self.turn0, self.rows = 0, {}
-
-    def __call__(self, req: ScriptRequest) -> str:
-        assert req.role == "solver", req.role  # static rubric, external judge: the policy only solves
-        if req.turn == 0:
-            self.rows[(req.query, req.index)] = self.turn0 % (B * K)  # turn 0 is generated in row order
-            self.turn0 += 1
-            return "<think>look it up</think><search>" + " ".join(req.query.split()[:3]) + "</search>"
-        cite = OBS_ID.search(req.context).group(1)
-        row = self.rows[(req.query, req.index)]
-        return f"<answer>A report from row {row} on the question [{cite}]. Conclusion: c{row}.</answer>"
-
-
-def evaluation(prompt: str, value: int) -> str:
-    scores = "".join(f'<score dim="{d}" value="{value}" reason="r"/>' for d in DIM.findall(prompt))
-    return ('<report_evaluations><report id="1"><verification>checked the cited passage</verification>'
-            f"<gap_analysis>nothing missing</gap_analysis><scores>{scores}</scores></report></report_evaluations>")
 
 
 def faulty_judge(request: dict):
@@ -69,30 +42,6 @@ def _cfg(tmp_path, stub: OpenAIStub, *overrides: str):
                     "optim.warmup_steps=0", "solver.max_response_tokens=160", "reward.require_citation=true",
                     f"judge.base_url={stub.base_url}", "judge.model=judge-x", "judge.api_key_env=null",
                     "judge.max_concurrency=2", "judge.timeout_s=1.0", "judge.max_retries=1", *overrides])
-
-
-def _train(cfg, solver: Solver):
-    import lightning as L
-
-    from score_lightning.launch.training import run
-
-    steps = []
-
-    class Keep(L.Callback):
-        def on_train_batch_end(self, trainer, module, *args):
-            steps.append(module.last_step)
-
-    def install(module):
-        module.engine = module.evaluator_engine = ScriptedEngine(module.tokenizer, solver)
-
-    run(cfg, extra_callbacks=[Keep()], module_hook=install)
-    return steps
-
-
-def _grpo(rewards: list[float]) -> list[float]:
-    mean = sum(rewards) / len(rewards)
-    std = (sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1)) ** 0.5
-    return [(r - mean) / (std + 1e-6) for r in rewards]
 
 
 def test_failed_judgements_leave_the_update_and_are_counted(tmp_path, tiny_ckpt, corpus_file):
