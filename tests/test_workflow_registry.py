@@ -44,8 +44,8 @@ def test_a_workflow_registered_here_rolls_out_the_step_and_sets_the_trajectory_c
                     for q in queries]
         return messages_rollouts(engine, tokenizer, retriever, messages, settings, metas)
 
-    echo = SolverWorkflow(echo_rollouts, options_from_cfg=lambda cfg: {"searches": int(cfg.solver.max_tool_calls)},
-                          trajectory_tokens=lambda cfg: 7 * int(cfg.solver.max_tool_calls))
+    echo = SolverWorkflow(echo_rollouts, options_from_solver=lambda solver: {"searches": int(solver.max_tool_calls)},
+                          trajectory_tokens=lambda solver: 7 * int(solver.max_tool_calls))
     _register(monkeypatch, SOLVER_WORKFLOWS, "echo", echo)
     cfg = compose(["experiment=tiny_score", "solver.agent=echo", "solver.num_rollouts=2", "solver.max_tool_calls=3"])
     settings = RolloutSettings.from_cfg(cfg)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from score_lightning.harness.state import HarnessState
 from score_lightning.retrieval.base import Retriever
@@ -22,6 +22,9 @@ from score_lightning.rollout.agent import AgentConfig, run_agent
 from score_lightning.rollout.chat import encode_chat
 from score_lightning.rollout.engine import RolloutEngine
 from score_lightning.rollout.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from score_lightning.config.schema import SolverConfig
 
 
 class WorkflowSettings(Protocol):
@@ -51,14 +54,14 @@ class Rollouts(Protocol):
         ...
 
 
-def no_options(_cfg: Any) -> None:
+def no_options(_node: Any) -> None:
     """A workflow with no budgets of its own."""
     return None
 
 
-def solver_response_tokens(cfg) -> int:
+def solver_response_tokens(solver: "SolverConfig") -> int:
     """``solver.max_response_tokens``: one trajectory is one response under that cap."""
-    return int(cfg.solver.max_response_tokens)
+    return int(solver.max_response_tokens)
 
 
 @dataclass(frozen=True)
@@ -66,13 +69,15 @@ class SolverWorkflow:
     """One ``solver.agent`` value: its rollouts, and what the core needs to know of its budgets."""
 
     rollouts: Rollouts
-    #: the run config -> the workflow's own budgets object, handed back to ``rollouts`` as ``options``
-    options_from_cfg: Callable[[Any], Any] = no_options
+    #: the run's ``solver`` node (a workflow's own keys live under it: ``solver.mams``) -> the workflow's own
+    #: budgets object, handed back to ``rollouts`` as ``options``
+    options_from_solver: Callable[["SolverConfig"], Any] = no_options
     #: an evaluation's flat settings (``GenerateConfig.settings()``: ``solver.max_tool_calls``, ``solver.mams`` ...)
     #: -> the same options object, for ``evaluate generate``
     options_from_settings: Callable[[Mapping[str, Any]], Any] = no_options
-    #: the run config -> the most response tokens one trajectory holds (Dr. GRPO's constant, ``loss_type=dr_grpo``)
-    trajectory_tokens: Callable[[Any], int] = solver_response_tokens
+    #: the run's ``solver`` node -> the most response tokens one trajectory holds (Dr. GRPO's constant,
+    #: ``loss_type=dr_grpo``)
+    trajectory_tokens: Callable[["SolverConfig"], int] = solver_response_tokens
 
 
 SOLVER_WORKFLOWS: Registry[SolverWorkflow] = Registry("solver.agent")

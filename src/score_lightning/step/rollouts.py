@@ -68,7 +68,7 @@ class RolloutSettings:
         )
         agent = str(s.get("agent", "react"))
         return cls(int(s.num_rollouts), int(s.max_prompt_tokens), solver, scoring, int(e.max_report_tokens),
-                   bool(s.get("conclusion_line", True)), agent, SOLVER_WORKFLOWS.get(agent).options_from_cfg(cfg),
+                   bool(s.get("conclusion_line", True)), agent, SOLVER_WORKFLOWS.get(agent).options_from_solver(cfg.solver),
                    bool(e.get("constrained_scoring", False)), constrained_max_chars(cfg),
                    str(e.get("scoring", "joint")), bool(e.get("show_retrieved", False)),
                    int(e.get("max_prompt_tokens", s.max_prompt_tokens)), str(e.get("score_readout", "sampled")),

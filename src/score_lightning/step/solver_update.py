@@ -99,7 +99,7 @@ def trajectory_cap(cfg) -> int:
     """The most response tokens one trajectory holds, as the run's workflow says (``SolverWorkflow.trajectory_tokens``):
     ``solver.max_response_tokens``, or under ``solver.agent=mams`` (one trajectory, many role calls, each with its own
     budget) the sum of its role calls' budgets, so that dr_grpo's sequence is the whole trajectory, not one role call."""
-    return SOLVER_WORKFLOWS.get(str(cfg.solver.agent)).trajectory_tokens(cfg)
+    return SOLVER_WORKFLOWS.get(str(cfg.solver.agent)).trajectory_tokens(cfg.solver)
 
 
 @dataclass(frozen=True)
