@@ -16,8 +16,8 @@ from typing import Callable, Generic, Iterator, TypeVar
 
 T = TypeVar("T")
 
-#: the package whose import registers every method shipped with score-lightning
-PLUGINS = "score_lightning.methods"
+#: the module whose import registers every method shipped with score-lightning (each method's ``plugin`` module)
+PLUGINS = "score_lightning.methods.plugins"
 
 
 class Registry(Generic[T]):

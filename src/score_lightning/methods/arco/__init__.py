@@ -1,3 +1,1 @@
-"""arco"""
-
-from score_lightning.methods.arco import demos, scripted, step_rewards  # noqa: F401  (they register)
+"""ARCO-style step credit (``reward.step=rubric``): the evaluator writes a rubric per search step and scores it."""

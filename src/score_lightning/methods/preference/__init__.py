@@ -1,3 +1,1 @@
-"""preference"""
-
-from score_lightning.methods.preference import objective  # noqa: F401  (it registers)
+"""Preference-trained rubric writers (``evaluator.reward=preference``): rubrics earn the pairs they order right."""

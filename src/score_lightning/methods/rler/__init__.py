@@ -1,3 +1,1 @@
-"""rler"""
-
-from score_lightning.methods.rler import demos, scripted  # noqa: F401  (they register)
+"""RLER's evolving rubrics (``rubric=evolving``): a buffer of rubric items written, scored and pruned as the policy trains."""

@@ -1,3 +1,1 @@
-"""rubricem"""
-
-from score_lightning.methods.rubricem import credit, demos, scripted, workflow  # noqa: F401  (they register)
+"""RubricEM (``solver.agent=rubricem``, ``reward.step=stage``): plan, research, review and answer stages on a self-written rubric."""
