@@ -14,11 +14,13 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from omegaconf import DictConfig, OmegaConf
 
+from helpers import ROOT
 from openai_stub import OpenAIStub, Reply
 from score_lightning.clients import limiter as L
 from score_lightning.clients.chat import ChatClient
-from score_lightning.clients.judge import JudgeSettings, JudgeTally, LLMJudge
+from score_lightning.clients.judge import JudgeTally, LLMJudge
 from score_lightning.clients.limiter import Limiter
 
 
@@ -79,8 +81,14 @@ def test_requests_per_minute_is_a_sliding_window(monkeypatch):
     assert 0.25 < time.monotonic() - t0 < 1.0 and lim.requests == 3
 
 
+def _settings(base_url: str, **kw) -> DictConfig:
+    """The ``judge`` group as a run passes it (configs/judge/default.yaml, its defaults), at ``base_url``."""
+    return OmegaConf.merge(OmegaConf.load(ROOT / "configs" / "judge" / "default.yaml"),
+                           {"base_url": base_url, "model": "judge-x", "api_key_env": None, **kw})
+
+
 def _judge(stub: OpenAIStub, **kw) -> LLMJudge:
-    settings = JudgeSettings(stub.base_url, "judge-x", api_key_env=None, **kw)
+    settings = _settings(stub.base_url, **kw)
     return LLMJudge(settings, limiter=Limiter(settings.max_concurrency, settings.requests_per_minute))
 
 
@@ -151,7 +159,7 @@ def test_every_chat_client_shares_the_process_limiter(monkeypatch):
     monkeypatch.setattr(L, "_SHARED", shared)
     with OpenAIStub(content="SCORE 3", delay_s=0.15) as stub:
         L.configure_limiter(2)  # the process's share of the run's limit (configure_limits, below)
-        judge = LLMJudge(JudgeSettings(stub.base_url, "judge-x", api_key_env=None, max_concurrency=2))
+        judge = LLMJudge(_settings(stub.base_url, max_concurrency=2))
         assert judge.limiter is shared and shared.max_concurrency == 2
         others = [ChatClient(stub.base_url, "other") for _ in range(3)]
         threads = [threading.Thread(target=c.ask, args=([{"role": "user", "content": "x 1"}], _score))
@@ -169,7 +177,7 @@ def test_a_call_that_finds_no_free_slot_fails_as_queue_timeout_in_bounded_time()
     fails as its own kind, counted, with nothing sent; never a hang. Once a slot frees, calls go through again."""
     lim = Limiter(max_concurrency=1, queue_timeout_s=0.3)
     with OpenAIStub(content="SCORE 4") as stub:
-        judge = LLMJudge(JudgeSettings(stub.base_url, "judge-x", api_key_env=None, timeout_s=5.0), limiter=lim)
+        judge = LLMJudge(_settings(stub.base_url, timeout_s=5.0), limiter=lim)
         assert lim.acquire()  # another caller's call that holds the only slot
         box: dict = {}
         t0 = time.monotonic()
@@ -255,8 +263,7 @@ def test_a_server_trickling_its_body_cannot_hold_a_judgement_or_its_slot_past_th
     lim = Limiter(max_concurrency=1)
     with Trickle() as server:
         assert server.seconds > 4.0
-        judge = LLMJudge(JudgeSettings(server.url, "judge-x", api_key_env=None, timeout_s=0.6, max_retries=2),
-                         limiter=lim)
+        judge = LLMJudge(_settings(server.url, timeout_s=0.6, max_retries=2), limiter=lim)
         t0 = time.monotonic()
         out = judge.chat.ask([{"role": "user", "content": "judge report 7"}], _score)
         took = time.monotonic() - t0

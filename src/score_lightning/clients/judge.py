@@ -20,37 +20,35 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from score_lightning.clients.chat import ChatClient, ChatOutcome
 from score_lightning.clients.limiter import Limiter
 
 
-@dataclass(frozen=True)
-class JudgeSettings:
-    """The ``judge`` config group."""
+class JudgeSettings(Protocol):
+    """What the client reads of the ``judge`` config group. The run passes its ``judge`` node itself (typed by the
+    config schema's ``JudgeConfig``, which this package, below every layer that calls it, does not import), so
+    each value and its default live in ``configs/judge/default.yaml`` only. The limits (``max_concurrency``,
+    ``requests_per_minute``, ``queue_timeout_s``) are the process's limiter's, configured by the caller."""
 
     base_url: str
     model: str
-    api_key_env: str | None = "OPENAI_API_KEY"  # the variable holding the key (unset: a placeholder key)
-    max_concurrency: int = 8  # calls in flight for the whole run (each process configures its share of it)
-    requests_per_minute: int = 0  # 0: unlimited; the whole run's, like max_concurrency
-    timeout_s: float = 60.0  # each call's hard deadline (and each HTTP request's timeout)
-    max_retries: int = 2  # SDK transport retries, and re-asks of an unusable reply
-    max_failed_rate: float = 0.5  # a step whose failed share exceeds this stops the run
-    temperature: float = 0.0
-    max_tokens: int | None = 1024
-    extra_body: Mapping[str, Any] | None = None  # e.g. vLLM's structured-output options
+    api_key_env: str | None  # the variable holding the key (unset: a placeholder key)
+    timeout_s: float  # each call's hard deadline (and each HTTP request's timeout)
+    max_retries: int  # SDK transport retries, and re-asks of an unusable reply
+    temperature: float
+    max_tokens: int | None
+    extra_body: Mapping[str, Any] | None  # e.g. vLLM's structured-output options
 
-    @classmethod
-    def from_cfg(cls, node: Mapping[str, Any]) -> "JudgeSettings":
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: (dict(v) if isinstance(v, Mapping) else v) for k, v in node.items() if k in known})
 
-    @property
-    def endpoint(self) -> str:
-        """How error messages name the judge: its URL and model."""
-        return f"{self.base_url.rstrip('/')}/chat/completions (model {self.model})"
+def _plain(value: Any) -> Any:
+    """A config node's value as plain dicts and lists, as the HTTP client serialises it."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [_plain(v) for v in value]
+    return value
 
 
 #: (messages, parse: raises ValueError if unusable) or (messages, parse, what a re-ask asks for)
@@ -65,10 +63,16 @@ class LLMJudge:
     def __init__(self, settings: JudgeSettings, limiter: Limiter | None = None) -> None:
         self.settings = settings
         key = os.environ.get(settings.api_key_env) if settings.api_key_env else None
-        self.chat = ChatClient(settings.base_url, settings.model, key, timeout_s=settings.timeout_s,
-                               max_retries=settings.max_retries, temperature=settings.temperature,
-                               max_tokens=settings.max_tokens, extra_body=settings.extra_body, limiter=limiter,
-                               deadline_s=settings.timeout_s)
+        timeout_s, max_tokens = float(settings.timeout_s), settings.max_tokens
+        self.chat = ChatClient(str(settings.base_url), str(settings.model), key, timeout_s=timeout_s,
+                               max_retries=int(settings.max_retries), temperature=float(settings.temperature),
+                               max_tokens=None if max_tokens is None else int(max_tokens),
+                               extra_body=_plain(settings.extra_body), limiter=limiter, deadline_s=timeout_s)
+
+    @property
+    def endpoint(self) -> str:
+        """How error messages name the judge: its URL and model."""
+        return f"{str(self.settings.base_url).rstrip('/')}/chat/completions (model {self.settings.model})"
 
     @property
     def limiter(self) -> Limiter:

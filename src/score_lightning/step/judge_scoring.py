@@ -27,10 +27,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from score_lightning import distributed as D
 from score_lightning.clients.chat import ReplyError
-from score_lightning.clients.judge import JudgeSettings, JudgeTally, LLMJudge
+from score_lightning.clients.judge import JudgeTally, LLMJudge
 from score_lightning.errors import JudgeUnavailable
 from score_lightning.harness.state import HarnessState
 from score_lightning.roles.evaluation import EvaluationParse, parse_evaluation
@@ -40,30 +41,30 @@ from score_lightning.rollout.chat import truncate_text
 from score_lightning.step.evaluations import GroupEvaluation, meets_process_rules
 from score_lightning.step.rollouts import RolloutSettings, report_citations
 
+if TYPE_CHECKING:
+    from score_lightning.config.schema import EvaluatorConfig, JudgeConfig, RewardConfig, RolloutConfig
+
 SOURCES = ("policy", "external")
 
 
-def uses_judge(cfg) -> bool:
-    """Does the run send judgements to the ``judge`` endpoint (the same on every rank)?"""
-    citation = cfg.reward.get("citation_judge") or {}
-    return str(cfg.evaluator.get("source", "policy")) == "external" or bool(citation.get("enabled", False))
+def uses_judge(evaluator: "EvaluatorConfig", reward: "RewardConfig") -> bool:
+    """Does the run send judgements to the ``judge`` endpoint (the same on every rank)? An external evaluator, or
+    ``reward.citation_judge``."""
+    return str(evaluator.source) == "external" or bool(reward.citation_judge.enabled)
 
 
-def configure_limits(cfg, rank: int, world_size: int, worker: bool = False) -> None:
+def configure_limits(judge: "JudgeConfig", rollout: "RolloutConfig", rank: int, world_size: int,
+                     worker: bool = False) -> None:
     """This process's limits on every external chat call (judge, meta-harness, rubric writer, appraisal): its
     share of the run's ``judge.max_concurrency`` and ``judge.requests_per_minute``, split among the processes
     that make calls (the ``world_size`` training processes, and the rollout worker under ``rollout.mode=async``,
     which counts after them), so that the endpoint sees the run's limits with no traffic between processes. A
     process calls it before its first request."""
-    from omegaconf import OmegaConf
-
     from score_lightning.clients.limiter import configure_limiter, process_share
 
-    if cfg.get("judge") is None:
-        return
-    processes = int(world_size) + (1 if OmegaConf.select(cfg, "rollout.mode") == "async" else 0)
+    processes = int(world_size) + (1 if str(rollout.mode) == "async" else 0)
     index = int(world_size) if worker else int(rank)
-    j = cfg.judge
+    j = judge
     total, rpm = int(j.max_concurrency), int(j.requests_per_minute)
     short = total < processes or 0 < rpm < processes  # refused by config validation when the judge is used
     notice = (f"judge.max_concurrency={total} / judge.requests_per_minute={rpm} are the run's limits, below the "
@@ -73,11 +74,9 @@ def configure_limits(cfg, rank: int, world_size: int, worker: bool = False) -> N
                       float(j.queue_timeout_s), notice)
 
 
-def judge_from_cfg(cfg) -> LLMJudge:
-    """The run's judge (the ``judge`` group), under the process's limits (:func:`configure_limits`)."""
-    from omegaconf import OmegaConf
-
-    return LLMJudge(JudgeSettings.from_cfg(OmegaConf.to_container(cfg.judge, resolve=True)))
+def build_judge(judge: "JudgeConfig") -> LLMJudge:
+    """The run's judge (the ``judge`` node), under the process's limits (:func:`configure_limits`)."""
+    return LLMJudge(judge)
 
 
 #: what a re-ask asks the judge for
@@ -124,7 +123,7 @@ def external_evaluations(judge: LLMJudge, tokenizer, queries: Sequence[str], rep
                              _reader(rubric, state), EXPECT))
             where.append((i, k))
     outcomes = judge.judge(requests)
-    tally = JudgeTally(endpoint=judge.settings.endpoint)
+    tally = JudgeTally(endpoint=judge.endpoint)
     tally.add(outcomes)
     tally.in_flight_max = judge.limiter.window()["in_flight_max"]
     found = {pos: out for pos, out in zip(where, outcomes)}
