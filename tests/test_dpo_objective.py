@@ -278,7 +278,7 @@ def test_an_unknown_or_impossible_solver_objective_is_refused_by_name():
         validate_config(compose(["experiment=dpo_tiny", "loss.kl_coef=0", "solver.dpo.label_smoothing=0.2",
                                  "solver.dpo.beta=0", "reward.step=rubric"]))
     text = str(refused.value)
-    assert "solver.dpo.beta=0: allowed a number > 0" in text
+    assert "solver.dpo.beta=0.0: allowed a number > 0" in text  # the schema's refusal (a float field)
     assert "solver.dpo.label_smoothing=0.2 with solver.dpo.loss_type=sigmoid" in text
     assert "solver.objective=dpo with loss.kl_coef=0" in text
     assert "solver.objective=dpo with reward.step=rubric" in text

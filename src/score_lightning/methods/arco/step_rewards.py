@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from score_lightning.rewards.functions import EMABaseline
 from score_lightning.methods.arco.judge import STEP_EVAL_CLOSE, judgement_train_mask, parse_step_judgement, step_messages
@@ -39,6 +40,9 @@ from score_lightning.step.evaluator_phase import centre, fold_rows
 from score_lightning.step.objectives import STEP_CREDIT
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_rows import TokenBonus
+
+if TYPE_CHECKING:
+    from score_lightning.config.schema import EvaluatorConfig, LossConfig, RewardConfig, SolverConfig
 
 STEP_MODES = ("none", "rubric")
 
@@ -55,12 +59,14 @@ class StepRewardSettings:
     max_prompt_tokens: int = 1024
     eps: float = 1e-6
 
-    @classmethod
-    def from_cfg(cls, cfg) -> "StepRewardSettings":
-        r = cfg.reward
-        return cls(str(r.get("step", "none")), float(r.get("step_lambda", 0.5)), int(r.get("step_max_tokens", 96)),
-                   float(r.get("step_invalid_reward", -1.0)), float(cfg.evaluator.temperature),
-                   int(cfg.solver.max_prompt_tokens), float(cfg.loss.adv_eps))
+
+def step_reward_settings(reward: "RewardConfig", evaluator: "EvaluatorConfig", solver: "SolverConfig",
+                         loss: "LossConfig") -> StepRewardSettings:
+    """``reward.step*``, with the evaluator's sampling temperature the judgements use, the solver's prompt cap (a
+    judgement's prompt holds the trajectory's searches) and the advantages' epsilon."""
+    return StepRewardSettings(str(reward.step), float(reward.step_lambda), int(reward.step_max_tokens),
+                              float(reward.step_invalid_reward), float(evaluator.temperature),
+                              int(solver.max_prompt_tokens), float(loss.adv_eps))
 
 
 @dataclass
@@ -115,10 +121,6 @@ class StepRewardStage(EvaluatorObjective):
         self.settings = settings
         self.baseline = EMABaseline(ema_beta)
         self.judgement = StepJudgement()  # the step's, once judged
-
-    @classmethod
-    def from_cfg(cls, cfg) -> "StepRewardStage":
-        return cls(StepRewardSettings.from_cfg(cfg), float(cfg.evaluator.ema_beta))
 
     def judge(self, step: StepView) -> Bonuses | None:
         """The step's :class:`StepJudgement`, kept for ``fold``; its token bonuses for the solver."""
@@ -228,4 +230,11 @@ def agreement(scores: Sequence[Sequence[float | None]], rewards: Sequence[float]
     return cov / math.sqrt(vx * vy)
 
 
-STEP_CREDIT.register("rubric", StepRewardStage.from_cfg)
+def step_reward_stage(cfg) -> StepRewardStage:
+    """``reward.step=rubric``'s objective from the run config (what ``STEP_CREDIT`` calls): its settings from the four
+    nodes they come from, the baseline's beta from ``evaluator.ema_beta``."""
+    return StepRewardStage(step_reward_settings(cfg.reward, cfg.evaluator, cfg.solver, cfg.loss),
+                           float(cfg.evaluator.ema_beta))
+
+
+STEP_CREDIT.register("rubric", step_reward_stage)

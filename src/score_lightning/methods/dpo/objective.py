@@ -20,19 +20,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
-from omegaconf import OmegaConf
 from torch import Tensor, nn
 
 from score_lightning import distributed as D
-from score_lightning.methods.dpo.loss import LOSS_TYPES, dpo_loss, select_pairs, sequence_logps
+from score_lightning.methods.dpo.loss import dpo_loss, select_pairs, sequence_logps
 from score_lightning.step.batching import TokenBatch, build_token_batch, policy_logprobs
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_objective import (SOLVER_OBJECTIVES, SolverInputs, SolverObjective,
                                                    SolverObjectiveEntry)
 from score_lightning.step.solver_rows import TrainingRows, training_rows
 from score_lightning.step.solver_update import SolverUpdateResult
+
+if TYPE_CHECKING:
+    from score_lightning.config.schema import OptimConfig, SolverConfig
 
 #: the sums an update keeps (pooled over ranks by ``record``); ``seen`` counts pairs over epochs
 SUMS = ("loss", "chosen", "rejected", "margin", "accuracy", "seen")
@@ -52,16 +55,18 @@ class DPOSettings:
     share_prompt: bool  # optim.share_prompt_forward: a pair shares its prompt
     mask_truncated: bool  # solver.mask_truncated: a truncated report competes in no pair
 
-    @classmethod
-    def from_cfg(cls, cfg) -> "DPOSettings":
-        d, o = cfg.solver.dpo, cfg.optim
-        return cls(int(cfg.solver.num_rollouts), float(d.beta), str(d.loss_type), float(d.label_smoothing),
-                   float(cfg.solver.temperature), int(o.micro_batch_size), int(o.ppo_epochs),
-                   bool(o.share_prompt_forward), bool(cfg.solver.mask_truncated))
-
     @property
     def pairs_per_micro(self) -> int:
         return max(1, self.micro_batch_size // 2)
+
+
+def dpo_settings(solver: "SolverConfig", optim: "OptimConfig") -> DPOSettings:
+    """DPO's settings from the two nodes it reads: ``solver`` (``solver.dpo``, K, the sampling temperature, the
+    truncation mask) and ``optim`` (micro-batching, epochs, the shared prompt forward)."""
+    d = solver.dpo
+    return DPOSettings(int(solver.num_rollouts), float(d.beta), str(d.loss_type), float(d.label_smoothing),
+                       float(solver.temperature), int(optim.micro_batch_size), int(optim.ppo_epochs),
+                       bool(optim.share_prompt_forward), bool(solver.mask_truncated))
 
 
 @dataclass
@@ -163,33 +168,27 @@ class DPOObjective(SolverObjective):
 
 
 def check(cfg) -> list[str]:
-    """``solver.dpo``'s values, and what DPO cannot be combined with (each line names the key and the fix)."""
-    def get(key: str):
-        return OmegaConf.select(cfg, key, default=None)
-
+    """What DPO cannot be combined with (each line names the keys and the fix). Each ``solver.dpo`` value on its own
+    (beta > 0, the loss types, smoothing in [0, 0.5)) is the schema's to refuse (:mod:`~score_lightning.methods.dpo.
+    config`), so only the rules across keys are here."""
     errors = []
-    beta, loss_type, smoothing = get("solver.dpo.beta"), get("solver.dpo.loss_type"), get("solver.dpo.label_smoothing")
-    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or beta <= 0:
-        errors.append(f"solver.dpo.beta={beta!r}: allowed a number > 0 (TRL's default 0.1)")
-    if loss_type not in LOSS_TYPES:
-        errors.append(f"solver.dpo.loss_type={loss_type!r}: allowed {', '.join(LOSS_TYPES)}")
-    if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 0.5:
-        errors.append(f"solver.dpo.label_smoothing={smoothing!r}: allowed a number in [0, 0.5)")
-    elif smoothing != 0 and loss_type == "sigmoid":
+    smoothing, loss_type = cfg.solver.dpo.label_smoothing, cfg.solver.dpo.loss_type
+    if smoothing != 0 and loss_type == "sigmoid":
         errors.append(f"solver.dpo.label_smoothing={smoothing} with solver.dpo.loss_type=sigmoid: TRL's sigmoid DPO "
                       "has no label smoothing; set solver.dpo.loss_type=robust (robust DPO) or label_smoothing=0")
-    kl = get("loss.kl_coef")
+    kl = cfg.loss.kl_coef
     if isinstance(kl, (int, float)) and kl <= 0:
         errors.append(f"solver.objective=dpo with loss.kl_coef={kl}: DPO compares each report with the frozen "
                       "reference, which the run loads only while loss.kl_coef > 0 (its value does not enter DPO's "
                       "loss, beta is DPO's pull to the reference); set loss.kl_coef=0.05")
-    if get("reward.step") not in (None, "none"):
-        errors.append(f"solver.objective=dpo with reward.step={get('reward.step')}: DPO compares whole reports and "
+    if cfg.reward.step != "none":
+        errors.append(f"solver.objective=dpo with reward.step={cfg.reward.step}: DPO compares whole reports and "
                       "has no per-token advantage for step credit to add to; set reward.step=none")
-    if get("reward.overlong.enabled") is True:
+    if cfg.reward.overlong.enabled is True:
         errors.append("solver.objective=dpo with reward.overlong.enabled=true: the overlong penalty shapes GRPO's "
                       "advantages, which DPO has none of; set reward.overlong.enabled=false")
     return errors
 
 
-SOLVER_OBJECTIVES.register("dpo", SolverObjectiveEntry(lambda cfg: DPOObjective(DPOSettings.from_cfg(cfg)), check))
+SOLVER_OBJECTIVES.register("dpo", SolverObjectiveEntry(lambda cfg: DPOObjective(dpo_settings(cfg.solver, cfg.optim)),
+                                                      check))

@@ -223,7 +223,7 @@ class DeepResearchRubrics:
 
     def load_state_dict(self, state: dict) -> None:
         self.buffer = {qid: _Written([Item(t, float(w), bool(n)) for t, w, n in e["items"]], int(e["iteration"]),
-                                     int(e.get("searches", 0))) for qid, e in state.items()}
+                                     int(e.get("searches", 0))) for qid, e in state.items()}  # data, not config
 
 
 def _checked_research(text: str) -> str:

@@ -53,7 +53,7 @@ def _drb_rubric(obj: dict, path: Path, lineno: int, include_explanation: bool) -
         for j, c in enumerate(items):
             if not isinstance(c, dict) or not isinstance(c.get("criterion"), str) or not c["criterion"].strip():
                 raise DataFormatError(path, lineno, f"criterions.{dim}[{j}] needs a non-empty \"criterion\"")
-            inner += _positive(c.get("weight"), path, lineno, f"criterions.{dim}[{j}].weight")
+            inner += _positive(c.get("weight"), path, lineno, f"criterions.{dim}[{j}].weight")  # data, not config
         for c in items:
             text = c["criterion"].strip()
             if include_explanation and isinstance(c.get("explanation"), str) and c["explanation"].strip():
@@ -69,9 +69,9 @@ def _checklist_rubric(obj: dict, path: Path, lineno: int) -> Rubric:
         raise DataFormatError(path, lineno, '"rubrics" must be a non-empty list')
     texts, weights, binary = [], [], True
     for j, it in enumerate(items):
-        if not isinstance(it, dict) or not isinstance(it.get("text"), str) or not it["text"].strip():
+        if not isinstance(it, dict) or not isinstance(it.get("text"), str) or not it["text"].strip():  # data, not config
             raise DataFormatError(path, lineno, f'rubrics[{j}] needs a non-empty "text"')
-        weights.append(_positive(it.get("weight", 1.0), path, lineno, f"rubrics[{j}].weight"))
+        weights.append(_positive(it.get("weight", 1.0), path, lineno, f"rubrics[{j}].weight"))  # data, not config
         kind = it.get("type", "binary")
         if kind not in ("binary", "graded"):
             raise DataFormatError(path, lineno, f'rubrics[{j}].type={kind!r}: allowed "binary" or "graded"')

@@ -25,6 +25,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from score_lightning.protocol import SEARCH_CLOSE
 from score_lightning.retrieval.base import RetrievalError, Retriever, hits_or_failed
@@ -34,6 +35,9 @@ from score_lightning.rollout.chat import encode_chat, truncate_text
 from score_lightning.rollout.engine import RolloutEngine, SamplingParams, is_collective
 from score_lightning.rollout.stops import TagStops, completed_tag
 from score_lightning.rollout.trajectory import Segment, Trajectory
+
+if TYPE_CHECKING:
+    from score_lightning.config.schema import SolverConfig
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +60,6 @@ class MamsConfig:
     top_p: float = 1.0
     conclusion_line: bool = True
 
-    @classmethod
-    def from_cfg(cls, cfg) -> "MamsConfig":
-        s, m = cfg.solver, cfg.solver.mams
-        keys = ("chunk_tokens", "max_observation_tokens", "search_tokens", "state_tokens", "report_tokens",
-                "memory_tokens", "plan_tokens", "max_context_tokens")
-        return cls(int(s.max_tool_calls), int(s.topk), **{k: int(m[k]) for k in keys}, temperature=float(s.temperature),
-                   top_p=float(s.top_p), conclusion_line=bool(s.get("conclusion_line", True)))
-
     @property
     def max_response_tokens(self) -> int:
         """The most tokens one trajectory's role calls can generate, which no single cap bounds: every turn at full
@@ -71,6 +67,17 @@ class MamsConfig:
         constant under MaMs (``optim.loss_type=dr_grpo``); a turn that finishes is shorter."""
         chunks = -(-max(1, self.max_observation_tokens) // max(1, self.chunk_tokens))
         return self.max_searches * (self.search_tokens + chunks * self.state_tokens + self.report_tokens)
+
+
+def mams_settings(solver: "SolverConfig") -> MamsConfig:
+    """MaMs's budgets from the run's ``solver`` node: its own ``solver.mams`` budgets, the solver's search budget and
+    sampling (one node holds them all, so the workflow and its cold-start demos read the same values)."""
+    m = solver.mams
+    keys = ("chunk_tokens", "max_observation_tokens", "search_tokens", "state_tokens", "report_tokens",
+            "memory_tokens", "plan_tokens", "max_context_tokens")
+    return MamsConfig(int(solver.max_tool_calls), int(solver.topk), **{k: int(m[k]) for k in keys},
+                      temperature=float(solver.temperature), top_p=float(solver.top_p),
+                      conclusion_line=bool(solver.conclusion_line))
 
 
 @dataclass

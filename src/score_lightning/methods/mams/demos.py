@@ -25,7 +25,7 @@ from score_lightning.methods.mams import prompts as M
 from score_lightning.roles.answer import parse_answer
 from score_lightning.roles.prompts import format_rubric
 from score_lightning.roles.rubric import Rubric, fallback_rubric
-from score_lightning.methods.mams.agent import MamsConfig, run_mams
+from score_lightning.methods.mams.agent import MamsConfig, mams_settings, run_mams
 from score_lightning.rollout.scripted import ScriptedEngine, ScriptRequest
 from score_lightning.rollout.trajectory import Trajectory
 from score_lightning.sft.context import DemoContext
@@ -129,7 +129,7 @@ def _complete(traj: Trajectory, ctx: DemoContext, mams: MamsConfig) -> bool:
 
 def _key_fields(cfg, counts, on: bool) -> dict:
     """MaMs's budgets and counts in the SFT cache key (present, zeroed, while off: the packaged keys hold them)."""
-    return {"mams": MamsConfig.from_cfg(cfg) if on else None, "num_mams": int(counts["mams"]) if on else 0,
+    return {"mams": mams_settings(cfg.solver) if on else None, "num_mams": int(counts["mams"]) if on else 0,
             "mams_per_prompt": int(counts["mams_per_prompt"])}
 
 

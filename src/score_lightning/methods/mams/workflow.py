@@ -10,7 +10,7 @@ from dataclasses import fields
 from typing import Any
 
 from score_lightning.harness.state import HarnessState
-from score_lightning.methods.mams.agent import MamsConfig, run_mams
+from score_lightning.methods.mams.agent import MamsConfig, mams_settings, run_mams
 from score_lightning.retrieval.base import Retriever
 from score_lightning.roles.prompts import format_rubric
 from score_lightning.roles.rubric import Rubric
@@ -32,7 +32,7 @@ def mams_from_settings(settings: Mapping[str, Any]) -> MamsConfig:
     """MaMs's budgets for ``evaluate generate``: the run's ``solver.mams`` over the class defaults (unknown keys
     ignored), the search budget and sampling from the solver's settings."""
     known = {f.name for f in fields(MamsConfig)}
-    budgets = {k: int(v) for k, v in (settings.get("solver.mams") or {}).items() if k in known}
+    budgets = {k: int(v) for k, v in (settings.get("solver.mams") or {}).items() if k in known}  # data, not config
     return MamsConfig(**{**budgets, "max_searches": int(settings["solver.max_tool_calls"]),
                          "topk": int(settings["solver.topk"]), "temperature": float(settings["solver.temperature"]),
                          "top_p": float(settings["solver.top_p"]),
@@ -40,5 +40,5 @@ def mams_from_settings(settings: Mapping[str, Any]) -> MamsConfig:
 
 
 SOLVER_WORKFLOWS.register("mams", SolverWorkflow(
-    mams_rollouts, options_from_cfg=MamsConfig.from_cfg, options_from_settings=mams_from_settings,
-    trajectory_tokens=lambda cfg: MamsConfig.from_cfg(cfg).max_response_tokens))
+    mams_rollouts, options_from_solver=mams_settings, options_from_settings=mams_from_settings,
+    trajectory_tokens=lambda solver: mams_settings(solver).max_response_tokens))

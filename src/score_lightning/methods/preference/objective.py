@@ -13,6 +13,7 @@ train by GRPO instead of the step's rubric, which then only logs their mean agre
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from score_lightning.methods.preference.groups import PreferenceGroups, preference_groups
 from score_lightning.methods.preference.reward import PreferenceReward
@@ -24,6 +25,9 @@ from score_lightning.step.rollouts import initial_evidence, scoring_rollouts
 from score_lightning.step.rubric_stage import RubricSampling, fitted_rubric_prompt, sample_rubrics
 from score_lightning.step.scalars import StepScalars
 
+if TYPE_CHECKING:
+    from score_lightning.config.schema import EvaluatorConfig, LossConfig, SolverConfig
+
 
 class PreferenceObjective(EvaluatorObjective):
     """Scores preference pairs with the evaluator role; with G >= 2, writes and trains each pair's group of rubrics."""
@@ -32,15 +36,6 @@ class PreferenceObjective(EvaluatorObjective):
         self.reward, self.sampling, self.topk, self.eps = reward, sampling, topk, eps
         self.trains_step_rubric = int(reward.group_size) <= 1  # G >= 2: the pair rubrics train instead
         self.groups: PreferenceGroups | None = None  # the step's pair rubrics (G >= 2)
-
-    @classmethod
-    def from_cfg(cls, cfg) -> "PreferenceObjective":
-        from hydra.utils import instantiate
-
-        e = cfg.evaluator
-        sampling = RubricSampling(int(e.max_rubric_tokens), float(e.temperature), int(e.max_prompt_tokens), 1, False,
-                                  e.get("rubric_weight_sum_tol"))
-        return cls(instantiate(e.preference, _convert_="all"), sampling, int(cfg.solver.topk), float(cfg.loss.adv_eps))
 
     def measure(self, step: StepView) -> float:
         """The step's agreement: of its pair rubrics (G >= 2), or of the step's own rubric (collective)."""
@@ -84,9 +79,23 @@ class PreferenceObjective(EvaluatorObjective):
                                  host.evaluator_engine, self.eps)
 
 
+def preference_objective(evaluator: "EvaluatorConfig", solver: "SolverConfig",
+                         loss: "LossConfig") -> PreferenceObjective:
+    """The objective from ``evaluator`` (the pair scorer ``evaluator.preference``, the rubric writer's sampling), the
+    solver's ``topk`` (each pair question's evidence) and the advantages' epsilon (``loss.adv_eps``)."""
+    from hydra.utils import instantiate
+
+    e = evaluator
+    sampling = RubricSampling(int(e.max_rubric_tokens), float(e.temperature), int(e.max_prompt_tokens), 1, False,
+                              e.rubric_weight_sum_tol)
+    return PreferenceObjective(instantiate(e.preference, _convert_="all"), sampling, int(solver.topk),
+                               float(loss.adv_eps))
+
+
 def measured_agreement(inputs: RewardInputs, scalars: StepScalars) -> float:
     """The agreement the objective measured (NaN: none)."""
     return math.nan if inputs.measured is None else float(inputs.measured)
 
 
-EVALUATOR_REWARDS.register("preference", EvaluatorReward(measured_agreement, None, PreferenceObjective.from_cfg))
+EVALUATOR_REWARDS.register("preference", EvaluatorReward(
+    measured_agreement, None, lambda cfg: preference_objective(cfg.evaluator, cfg.solver, cfg.loss)))

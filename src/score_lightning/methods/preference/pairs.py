@@ -71,7 +71,7 @@ def split_of(query_ids: Sequence[str], seed: int = SPLIT_SEED) -> dict[str, str]
 
 def build_pairs(queries: Sequence[QueryItems]) -> list[dict]:
     """Two pairs per training query with at least three items (module docstring), in query-id order."""
-    usable = [q for q in queries if q.extra.get("split", "train") == "train" and len(q.items) >= 3]
+    usable = [q for q in queries if q.extra.get("split", "train") == "train" and len(q.items) >= 3]  # data, not config
     splits = split_of([q.id for q in usable])
     out = []
     for q in sorted(usable, key=lambda q: q.id):

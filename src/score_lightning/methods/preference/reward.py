@@ -41,10 +41,11 @@ def load_preferences(path: str | Path) -> list[dict]:
         for key in ("prompt", "chosen", "rejected"):
             if not isinstance(obj.get(key), str) or not obj[key].strip():
                 raise DataFormatError(path, lineno, f'needs a non-empty string "{key}" (fields: id, prompt, chosen, rejected)')
-        if obj.get("split", "train") not in PAIR_SPLITS:
-            raise DataFormatError(path, lineno, f'"split" must be one of {PAIR_SPLITS}, got {obj.get("split")!r}')
+        split = obj.get("split", "train")  # data, not config
+        if split not in PAIR_SPLITS:
+            raise DataFormatError(path, lineno, f'"split" must be one of {PAIR_SPLITS}, got {split!r}')
         pairs.append(obj)
-    if not any(p.get("split", "train") == "train" for p in pairs):
+    if not any(p.get("split", "train") == "train" for p in pairs):  # data, not config
         raise DataFormatError(path, 0, "no training preference pairs in the file (lines without \"split\" or with "
                                        "\"split\": \"train\")")
     return pairs
@@ -66,7 +67,7 @@ class PreferenceReward:
     def __post_init__(self) -> None:
         if int(self.group_size) < 1:
             raise ValueError(f"evaluator.preference.group_size={self.group_size}: an integer >= 1")
-        self.pairs = [p for p in load_preferences(self.path) if p.get("split", "train") == "train"]
+        self.pairs = [p for p in load_preferences(self.path) if p.get("split", "train") == "train"]  # data, not config
         self._client = None
         if self.appraisal_weight > 0:
             from score_lightning.clients.chat import ChatClient

@@ -56,7 +56,7 @@ def parse_items(text: str) -> ItemsParse:
     for m in _ITEM_RE.finditer(text[start:close]):
         attrs = parse_attributes(m.group(1))
         body = " ".join(m.group(2).split())[:MAX_ITEM_CHARS]
-        weight = parse_number(attrs.get("weight", ""))
+        weight = parse_number(attrs.get("weight", ""))  # data, not config
         if not body or weight is None or weight <= 0:
             continue
         items.append(Item(body, weight, attrs.get("sign", "+").strip() == "-"))

@@ -6,13 +6,14 @@ GRPO's); 0 where a stage has fewer than two scores, where they are all equal, or
 normalised on its own: a good plan is compared with the other plans, not with answers.
 
 **Per-token advantage.** The tokens of stage j of trajectory i get A_i + λ·Â_ij, where A_i is the trajectory's GRPO
-advantage from its final reward (``reward.stage_lambda``); tokens outside every stage span keep A_i.
+advantage from its final reward (``reward.step_lambda``); tokens outside every stage span keep A_i.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from score_lightning import distributed as D
 from score_lightning import protocol as P
@@ -28,6 +29,9 @@ from score_lightning.step.objectives import STEP_CREDIT
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_rows import TokenBonus
 from score_lightning.methods.arco.step_rewards import StepJudgement, normalised
+
+if TYPE_CHECKING:
+    from score_lightning.config.schema import EvaluatorConfig, LossConfig, RewardConfig, SolverConfig
 
 
 def stage_advantages(scores: Sequence[Mapping[str, float] | None], k: int,
@@ -63,14 +67,15 @@ class StageCreditSettings:
     reflection: bool = False  # solver.rubricem.reflection: keep guidance per query for its later prompts
     max_guidance_chars: int = 400
 
-    @classmethod
-    def from_cfg(cls, cfg) -> "StageCreditSettings":
-        r = cfg.reward
-        em = cfg.solver.get("rubricem") or {}
-        return cls(float(r.get("step_lambda", 0.5)), int(r.get("step_max_tokens", 96)), float(cfg.evaluator.temperature),
-                   int(cfg.evaluator.max_prompt_tokens), eps=float(cfg.loss.adv_eps),
-                   reflection=bool(em.get("reflection", False)),
-                   max_guidance_chars=int(em.get("max_guidance_chars", 400)))
+
+def stage_credit_settings(reward: "RewardConfig", solver: "SolverConfig", evaluator: "EvaluatorConfig",
+                          loss: "LossConfig") -> StageCreditSettings:
+    """``reward.step=stage``'s settings: λ and the judge's budget (``reward``), the reflection memory
+    (``solver.rubricem``), the judge's sampling and prompt cap (``evaluator``), the advantages' epsilon (``loss``)."""
+    em = solver.rubricem
+    return StageCreditSettings(float(reward.step_lambda), int(reward.step_max_tokens), float(evaluator.temperature),
+                               int(evaluator.max_prompt_tokens), eps=float(loss.adv_eps),
+                               reflection=bool(em.reflection), max_guidance_chars=int(em.max_guidance_chars))
 
 
 class StageCreditStage(EvaluatorObjective):
@@ -83,10 +88,6 @@ class StageCreditStage(EvaluatorObjective):
         #: the reflection memory (``solver.rubricem.reflection``): query id -> guidance for its next prompt
         self.memory: dict[str, str] = {}
         self.judgement = StepJudgement()  # the step's, once judged
-
-    @classmethod
-    def from_cfg(cls, cfg) -> "StageCreditStage":
-        return cls(StageCreditSettings.from_cfg(cfg))
 
     def guidance(self, query_ids: Sequence[str]) -> list[str] | None:
         """Each query's stored guidance ("" when none); ``None`` when the memory is off."""
@@ -165,4 +166,5 @@ def stage_texts(text: str, max_chars: int, searches: Sequence[str]) -> tuple[str
             between(P.ANSWER_OPEN, P.ANSWER_CLOSE))
 
 
-STEP_CREDIT.register("stage", StageCreditStage.from_cfg)
+STEP_CREDIT.register("stage", lambda cfg: StageCreditStage(stage_credit_settings(cfg.reward, cfg.solver, cfg.evaluator,
+                                                                                  cfg.loss)))
