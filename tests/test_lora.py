@@ -155,7 +155,8 @@ def test_adapters_train_under_gradient_checkpointing_and_keep_their_flags(tiny_c
     from score_lightning.policy.models import load_policy
 
     policy = load_policy(tiny_ckpt, "float32", gradient_checkpointing=True,
-                         lora={"enabled": True, "r": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]})
+                         lora={"enabled": True, "r": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"],
+                               "dropout": 0.0})
     policy.train()
     ids = torch.randint(0, 1000, (2, 16))
     policy(input_ids=ids, labels=ids).loss.backward()

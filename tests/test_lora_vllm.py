@@ -26,6 +26,8 @@ LORA = {"enabled": True, "r": 4, "alpha": 8, "target_modules": "all-linear", "dr
 
 
 def test_greedy_after_sync_equals_the_hf_lora_policy(engine, tiny_ckpt, tokenizer):
+    from omegaconf import OmegaConf
+
     from score_lightning.callbacks.vllm_rollout import VLLMRolloutCallback
     from score_lightning.policy.models import load_policy
     from score_lightning.rollout.engine import SamplingParams
@@ -44,7 +46,7 @@ def test_greedy_after_sync_equals_the_hf_lora_policy(engine, tiny_ckpt, tokenize
     want = hf_engine(policy, tokenizer).generate(prompts, greedy)
     assert [g.token_ids for g in want] != [g.token_ids for g in hf_engine(base, tokenizer).generate(prompts, greedy)]
 
-    callback = VLLMRolloutCallback({"engine": "vllm"})
+    callback = VLLMRolloutCallback(OmegaConf.create({"engine": "vllm"}))  # a rollout node; _sync reads none
     callback.engine = engine
     callback._sync(SimpleNamespace(policy=policy))
     assert engine.last_sync_tensors == len(base.state_dict())  # the base's tensors, under its names

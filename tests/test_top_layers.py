@@ -161,8 +161,8 @@ def test_two_steps_with_reuse_export_the_weights_of_two_steps_without(tmp_path, 
     seen: list[dict] = []
     real = M.update_scope
 
-    def spy(cfg, model):
-        scope = real(cfg, model)
+    def spy(model_cfg, optim, model):
+        scope = real(model_cfg, optim, model)
         return _Recorded(scope, seen)
 
     monkeypatch.setattr(M, "update_scope", spy)

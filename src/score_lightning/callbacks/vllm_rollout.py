@@ -45,44 +45,36 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from lightning.pytorch import Callback
 
+from score_lightning.rollout.modes import asynchronous
 from score_lightning.rollout.vllm_weights import engine_kwargs, push_policy_weights
 
+if TYPE_CHECKING:
+    from score_lightning.config.schema import VLLMRolloutConfig
+
 log = logging.getLogger(__name__)
-
-
-def _to_dict(cfg: Any) -> dict:
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            return dict(OmegaConf.to_container(cfg, resolve=True))
-    except ImportError:  # pragma: no cover
-        pass
-    return dict(cfg or {})
 
 
 class VLLMRolloutCallback(Callback):
     """Owns the vLLM engine of this training process and keeps its weights equal to the policy's."""
 
-    def __init__(self, rollout_cfg: Any):
-        cfg = _to_dict(rollout_cfg)
-        if cfg.get("engine", "vllm") != "vllm":
-            raise ValueError(f"VLLMRolloutCallback needs rollout.engine=vllm, got {cfg.get('engine')!r}")
-        self.cfg = cfg
+    def __init__(self, rollout_cfg: "VLLMRolloutConfig"):
+        """``rollout_cfg``: the run's ``rollout`` node (``configs/callbacks/vllm_rollout.yaml`` passes ``${rollout}``)."""
+        if rollout_cfg.engine != "vllm":
+            raise ValueError(f"VLLMRolloutCallback needs rollout.engine=vllm, got {rollout_cfg.engine!r}")
+        self.rollout = rollout_cfg
         self.engine = None
         self._slept_this_step = False
 
     # ------------------------------------------------------------------ building
     def _engine_kwargs(self, trainer, pl_module) -> dict:
-        module_cfg = getattr(pl_module, "cfg", None)
-        kw = engine_kwargs(self.cfg, module_cfg.get("seed", 0) if module_cfg is not None else 0)
+        kw = engine_kwargs(self.rollout, int(pl_module.cfg.seed))
         seed = kw["seed"]
-        tp = int(kw.get("tensor_parallel_size", 1))
+        tp = int(kw["tensor_parallel_size"])
         world = int(getattr(trainer, "world_size", 1))
         if world > 1:
             if not torch.cuda.is_available():
@@ -102,7 +94,7 @@ class VLLMRolloutCallback(Callback):
     @property
     def in_worker(self) -> bool:
         """``rollout.mode=async``: the rollout worker owns the vLLM engine, and this process holds none."""
-        return self.cfg.get("mode", "sync") == "async"
+        return asynchronous(self.rollout)
 
     def on_fit_start(self, trainer, pl_module) -> None:
         if self.engine is not None or self.in_worker:

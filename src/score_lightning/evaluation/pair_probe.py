@@ -60,7 +60,7 @@ class EvaluatorPairs(L.Callback):
         if trainer.world_size > 1:
             raise ValueError("callbacks.evaluator_pairs: one process only (the probe generates on one rank); score a "
                              "checkpoint with scripts/bench_evaluator.py --model instead")
-        if asynchronous(pl_module.cfg):
+        if asynchronous(pl_module.cfg.rollout):
             raise ValueError("callbacks.evaluator_pairs with rollout.mode=async: the rollout worker holds the engine; "
                              "use rollout.mode=sync or score checkpoints with scripts/bench_evaluator.py --model")
         self.pairs, manifest = read_pair_set(self.path)

@@ -80,14 +80,15 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, model_path: st
     base = model_path or hp.get("model_path")
     if not base:
         raise ValueError("the checkpoint does not name its base model; pass --model-path")
-    model_cfg = (hp.get("cfg") or {}).get("model") or {}
+    # the checkpoint's stored config, which may predate a key: a model without a lora block trained without LoRA
+    model_cfg = (hp.get("cfg") or {}).get("model") or {}  # data, not config
     # a LoRA run's checkpoint holds base_layer/lora_A/lora_B names: rebuild the same layers to load it
-    model = load_policy(base, "float32", lora=model_cfg.get("lora"))
+    model = load_policy(base, "float32", lora=model_cfg.get("lora"))  # data, not config
     missing, unexpected = model.load_state_dict(policy_state_dict(ckpt), strict=False)
     if unexpected or [m for m in missing if "rotary" not in m]:
         raise ValueError(f"checkpoint does not match {base}: missing {missing[:5]}, unexpected {unexpected[:5]}")
     out = save_policy(model, out_dir)
-    template = model_cfg.get("chat_template")
+    template = model_cfg.get("chat_template")  # data, not config
     load_tokenizer(hp.get("tokenizer_path") or base, chat_template=template).save_pretrained(out)
     if hp.get("cfg"):  # the run's resolved config, as the end-of-run export writes it: evaluation samples as it trained
         import json

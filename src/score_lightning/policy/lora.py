@@ -39,18 +39,20 @@ _LORA = re.compile(r"^(?P<prefix>.+)\.lora_(?P<ab>[AB])\.(?P<adapter>[^.]+)\.wei
 
 
 def lora_enabled(lora_cfg: Mapping[str, Any] | None) -> bool:
-    """``model.lora.enabled``; a model preset without a ``lora`` block means LoRA is off."""
-    return bool(lora_cfg is not None and lora_cfg.get("enabled", False))
+    """``model.lora.enabled`` (or ``sft.lora``'s, or a packaged adapter's manifest entry); None (a checkpoint
+    stored before LoRA existed: :func:`~score_lightning.policy.export.export_checkpoint`) means LoRA is off."""
+    return bool(lora_cfg is not None and lora_cfg["enabled"])
 
 
 def lora_config(lora_cfg: Mapping[str, Any]):
-    """A ``peft.LoraConfig`` from ``model.lora`` (``r``, ``alpha``, ``target_modules``, ``dropout``)."""
+    """A ``peft.LoraConfig`` from a ``lora`` node or its plain copy (``r``, ``alpha``, ``target_modules``,
+    ``dropout``: every one is set wherever a ``lora`` block is, in the config or a manifest)."""
     from peft import LoraConfig
 
-    targets = lora_cfg.get("target_modules", "all-linear")
+    targets = lora_cfg["target_modules"]
     targets = targets if isinstance(targets, str) else [str(t) for t in targets]
-    return LoraConfig(r=int(lora_cfg.get("r", 16)), lora_alpha=float(lora_cfg.get("alpha", 32)),
-                      target_modules=targets, lora_dropout=float(lora_cfg.get("dropout", 0.0)), bias="none",
+    return LoraConfig(r=int(lora_cfg["r"]), lora_alpha=float(lora_cfg["alpha"]),
+                      target_modules=targets, lora_dropout=float(lora_cfg["dropout"]), bias="none",
                       task_type="CAUSAL_LM")
 
 

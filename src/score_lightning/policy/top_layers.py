@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from score_lightning.policy.lora import ReferenceModel
+
+if TYPE_CHECKING:
+    from score_lightning.config.schema import ModelConfig, OptimConfig
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -146,12 +149,10 @@ def reuse_frozen_bottom(model: nn.Module, n_top: int) -> Iterator[dict[str, int]
             del layer.forward  # the class's forward again
 
 
-def update_scope(cfg, model: nn.Module) -> contextlib.AbstractContextManager:
-    """The block around a step's updates: :func:`reuse_frozen_bottom` when the top layers train and
-    ``optim.reuse_frozen_bottom`` is on, else nothing."""
-    from omegaconf import OmegaConf
-
-    top = OmegaConf.select(cfg, "model.trainable_layers", default=None)
-    if top is None or not OmegaConf.select(cfg, "optim.reuse_frozen_bottom", default=False):
+def update_scope(model_cfg: "ModelConfig", optim: "OptimConfig", model: nn.Module) -> contextlib.AbstractContextManager:
+    """The block around a step's updates: :func:`reuse_frozen_bottom` when the top layers train
+    (``model.trainable_layers``) and ``optim.reuse_frozen_bottom`` is on, else nothing."""
+    top = model_cfg.trainable_layers
+    if top is None or not optim.reuse_frozen_bottom:
         return contextlib.nullcontext({"hits": 0, "misses": 0})
     return reuse_frozen_bottom(model, int(top))

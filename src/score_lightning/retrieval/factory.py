@@ -17,7 +17,7 @@ def build_retriever(kind: str, **kwargs) -> Retriever:
         from score_lightning.data.corpus import default_corpus_path
         from score_lightning.retrieval.bm25 import BM25Retriever
 
-        if kwargs.get("corpus_path") is None:
+        if kwargs.get("corpus_path") is None:  # data, not config
             kwargs["corpus_path"] = default_corpus_path()
         return BM25Retriever(**kwargs)
     if kind == "http":

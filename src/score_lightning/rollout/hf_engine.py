@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import replace
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -31,11 +31,18 @@ from score_lightning.rollout.constrained import GrammarLogitsProcessor
 from score_lightning.rollout.kv_cache import GrowingCache, PrefixStore, prefill
 from score_lightning.rollout.stops import completes_stop, first_stop, stop_window
 
+if TYPE_CHECKING:
+    from score_lightning.config.schema import HFRolloutConfig, RolloutConfig
 
-def fast_forward_options(rollout_cfg) -> dict:
-    """``rollout.grammar_fast_forward`` and ``rollout.grammar_fast_forward_tokens`` as :class:`HFEngine` kwargs."""
-    return dict(fast_forward=bool(rollout_cfg.get("grammar_fast_forward", True)),
-                fast_forward_tokens=int(rollout_cfg.get("grammar_fast_forward_tokens", 16)))
+
+def fast_forward_options(rollout: "HFRolloutConfig | RolloutConfig") -> dict:
+    """``rollout.grammar_fast_forward`` and ``rollout.grammar_fast_forward_tokens`` as :class:`HFEngine` kwargs.
+    Only ``rollout=hf`` and ``rollout=vllm`` (its HF evaluator engine) have these keys: a script that builds an HF
+    engine under ``rollout=scripted`` (``scripts/probe_scoring.py``) gets the engine's own defaults."""
+    if str(rollout.engine) not in ("hf", "vllm"):
+        return {}
+    return dict(fast_forward=bool(rollout.grammar_fast_forward),
+                fast_forward_tokens=int(rollout.grammar_fast_forward_tokens))
 
 
 class HFEngine:

@@ -11,22 +11,28 @@ merged into their base weights, streamed into ``reload_weights`` (:meth:`VLLMEng
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from score_lightning.policy.lora import iter_merged_params
 
-#: keys of configs/rollout/vllm.yaml passed to VLLMEngine (``seeded_requests`` and ``enable_prefix_caching``
-#: are optional: engine defaults apply when absent)
+if TYPE_CHECKING:
+    from score_lightning.config.schema import VLLMRolloutConfig
+
+#: keys of configs/rollout/vllm.yaml passed to VLLMEngine (its ``seeded_requests`` and ``enable_prefix_caching``
+#: keep the engine's defaults: no config key sets them)
 ENGINE_KEYS = ("dtype", "gpu_memory_utilization", "tensor_parallel_size", "max_model_len", "enable_sleep_mode",
-               "enforce_eager", "max_batch_size", "seeded_requests", "enable_prefix_caching")
+               "enforce_eager", "max_batch_size")
 
 
-def engine_kwargs(rollout_cfg: dict, run_seed: int = 0) -> dict:
-    """:class:`VLLMEngine` keyword arguments from the ``rollout`` config (``rollout.seed``, else the run's seed)."""
-    kw = {k: rollout_cfg[k] for k in ENGINE_KEYS if k in rollout_cfg and rollout_cfg[k] is not None}
-    seed = rollout_cfg.get("seed")
-    kw["seed"] = int((run_seed if seed is None else seed) or 0)
+def engine_kwargs(rollout: "VLLMRolloutConfig | Mapping[str, Any]", seed: int) -> dict:
+    """:class:`VLLMEngine` keyword arguments from the ``rollout=vllm`` node (or its plain copy, as the rollout worker
+    holds it), sampling under the run's ``seed``."""
+    kw = {k: rollout[k] for k in ENGINE_KEYS}
+    kw = {k: v for k, v in kw.items() if v is not None}  # a null key (max_model_len: null): the engine's default
+    kw["seed"] = int(seed)
     return kw
 
 

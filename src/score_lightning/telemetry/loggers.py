@@ -14,8 +14,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
 log = logging.getLogger(__name__)
 
 #: the TensorBoard "custom scalars" page: the curves a SCORE user watches first, grouped
@@ -37,8 +35,9 @@ SCORE_LAYOUT: dict[str, dict[str, list[str]]] = {
 }
 
 
-def build_loggers(cfg: DictConfig, version: str | None = None) -> list:
-    """Instantiate every ``cfg.logger.<name>`` that has a ``_target_``.
+def build_loggers(loggers: Mapping[str, Any] | None, version: str | None = None) -> list:
+    """Instantiate every logger of the ``logger`` node (``cfg.logger``: name -> its node) that has a ``_target_``;
+    ``logger=none`` holds none.
 
     ``version`` (e.g. ``"sft"``) gives a sub-run its own folder in loggers that have one (TensorBoard,
     CSV); other loggers get it appended to their run name.
@@ -46,7 +45,7 @@ def build_loggers(cfg: DictConfig, version: str | None = None) -> list:
     from hydra.utils import instantiate
 
     out = []
-    for node in (cfg.get("logger") or {}).values():
+    for node in (loggers or {}).values():
         if not isinstance(node, Mapping) or "_target_" not in node:
             continue
         kwargs: dict[str, Any] = {}
