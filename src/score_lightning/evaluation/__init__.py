@@ -168,7 +168,7 @@ def _generate(args: argparse.Namespace) -> int:
         conclusion_line=s["solver.conclusion_line"], harness_state=s["harness.initial_state"],
         citations=s["reward.citations"], require_citation=s["reward.require_citation"],
         min_answer_chars=s["reward.min_answer_chars"], settings_source=str(source) if run else None,
-        agent=s.get("solver.agent", "react"), mams=s.get("solver.mams"),
+        agent=s.get("solver.agent", "react"), mams=s.get("solver.mams"),  # data, not config
         batch_size=args.batch_size, seed=args.seed, dtype=args.dtype, device=args.device,
         progress=not args.no_progress,
     )
@@ -262,7 +262,7 @@ def _card(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else articles.with_name(articles.stem + ".card.json")
     out.write_text(json.dumps(card, indent=1))
     if card["settings"] is not None:
-        print(format_settings(card["settings"], source=(generation or {}).get("source"),
+        print(format_settings(card["settings"], source=(generation or {}).get("source"),  # data, not config
                               extra={"samples": (generation or {}).get("samples")}))
     print(render(card))
     print(f"{card['queries']} queries, {card['answers']} answers ({card['uncited']} uncited); card: {out}")

@@ -122,7 +122,7 @@ def sources_record(query: Query, traj: Trajectory, article: str, parsed: AnswerP
     if checks is None:
         checks = {"valid_answer": bool(parsed.valid), "invalid_reason": parsed.reason}
     rec: dict[str, Any] = {
-        "id": query.extra.get("id", query.id),
+        "id": query.extra.get("id", query.id),  # data, not config
         "sample": int(sample),
         "article": article,
         "citations": citations,

@@ -33,12 +33,13 @@ class Drb2Options:
 
 def match_articles(articles: list[dict], tasks: dict[str, Drb2Task]) -> list[Drb2Task | None]:
     """The task of each article by id (None for none); refuses a file where no article matches."""
-    found = [tasks.get(str(a.get("id"))) for a in articles]
+    found = [tasks.get(str(a.get("id"))) for a in articles]  # data, not config
     if articles and not any(found):
+        shown = [a.get("id") for a in articles[:3]]  # data, not config
         raise ValueError(f"no article id matches a DeepResearch Bench II task id (articles: "
-                         f"{[a.get('id') for a in articles[:3]]}, tasks: {list(tasks)[:3]}); generate with "
+                         f"{shown}, tasks: {list(tasks)[:3]}); generate with "
                          "--queries <tasks_and_rubrics.jsonl> so the articles carry the task ids")
-    unmatched = [a.get("id") for a, t in zip(articles, found) if t is None]
+    unmatched = [a.get("id") for a, t in zip(articles, found) if t is None]  # data, not config
     if unmatched:
         log.warning("%d articles match no DeepResearch Bench II task id (e.g. %r); they are counted, not scored",
                     len(unmatched), unmatched[0])
@@ -87,8 +88,8 @@ def run_drb2(articles: list[dict], tasks: dict[str, Drb2Task], client: ChatClien
     out: list[dict[str, Any]] = []
     for i, (art, task) in enumerate(zip(articles, matched)):
         if task is None:
-            out.append(unmatched_record(art.get("id")))
+            out.append(unmatched_record(art.get("id")))  # data, not config
         else:
-            out.append({"article_id": art.get("id"),
+            out.append({"article_id": art.get("id"),  # data, not config
                         **article_record(task, answers[i], batches[i], truncated=bodies[i][1])})
     return out

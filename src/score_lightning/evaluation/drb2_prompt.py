@@ -81,7 +81,7 @@ def _results(text: str) -> list[Any]:
         except json.JSONDecodeError:
             continue
         if isinstance(value, dict):
-            if isinstance(value.get("results"), list):
+            if isinstance(value.get("results"), list):  # data, not config
                 return value["results"]
             lists = [v for v in value.values() if isinstance(v, list) and v and all(isinstance(e, dict) for e in v)]
             if len(lists) == 1:  # {"items": [...]} or another single list of entries
@@ -158,5 +158,5 @@ def _answer(entry: dict, item: str) -> dict[str, Any]:
     evidence = entry.get("evidence") or ""
     if isinstance(evidence, list):  # several quoted sentences
         evidence = "\n".join(str(e) for e in evidence)
-    return {"score": coerce_score(entry["score"]), "reason": str(entry.get("reason") or ""),
+    return {"score": coerce_score(entry["score"]), "reason": str(entry.get("reason") or ""),  # data, not config
             "evidence": str(evidence)}

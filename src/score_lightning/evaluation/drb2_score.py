@@ -76,7 +76,7 @@ def summarise_drb2(records: list[dict[str, Any]], n_tasks: int | None = None) ->
         for dim_items in (r.get("items") or {}).values():
             for it in dim_items:
                 items["total"] += 1
-                score = it.get("score")
+                score = it.get("score")  # data, not config
                 items[{1: "satisfied", 0: "not_mentioned", -1: "blocked", None: "missing"}[score]] += 1
     scores: dict[str, Any] = {}
     for metric in METRICS:

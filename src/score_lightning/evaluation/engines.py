@@ -29,7 +29,8 @@ def _vllm_max_model_len(cfg: GenerateConfig, prompt_budget: int = 8192) -> int:
     """Room for a ``qwen_score``-sized prompt plus the whole response, capped by the model's context."""
     want = prompt_budget + cfg.max_response_tokens
     try:
-        limit = json.loads((Path(cfg.model) / "config.json").read_text()).get("max_position_embeddings")
+        hf_config = json.loads((Path(cfg.model) / "config.json").read_text())
+        limit = hf_config.get("max_position_embeddings")  # data, not config
     except (OSError, ValueError):
         limit = None
     return min(want, int(limit)) if limit else want

@@ -211,8 +211,8 @@ def generate_articles(
                     traj = trajs[i * n + k]
                     article, parsed = article_from_trajectory(traj, tokenizer)
                     if k == 0:  # the benchmark's file: one article per query
-                        art_lines.append(dump_line({"id": q.extra.get("id", q.id), "prompt": q.prompt,
-                                                    "article": article}))
+                        qid = q.extra.get("id", q.id)  # data, not config
+                        art_lines.append(dump_line({"id": qid, "prompt": q.prompt, "article": article}))
                     src_lines.append(dump_line(sources_record(q, traj, article, parsed, recorder.passages, k,
                                                               answer_checks(traj, tokenizer, rule))))
             append_lines(src, src_lines)  # sources first: the article file records what is done

@@ -103,7 +103,7 @@ def citation_messages(statement: str, doc_id: str, title: str | None, text: str)
 # ---------------------------------------------------------------------------------------- parsing
 def _score(value: Any, dim: str) -> float:
     if isinstance(value, dict):
-        value = value.get("score")
+        value = value.get("score")  # data, not config
     if isinstance(value, bool) or value is None:
         raise ReplyError(f"{dim}: no numeric score")
     try:
@@ -126,7 +126,7 @@ def parse_quality_reply(text: str) -> dict[str, dict[str, Any]]:
         if dim not in lowered:
             raise ReplyError(f"missing dimension {dim}")
         entry = lowered[dim]
-        reason = entry.get("reason", "") if isinstance(entry, dict) else ""
+        reason = entry.get("reason", "") if isinstance(entry, dict) else ""  # data, not config
         out[dim] = {"score": _score(entry, dim), "reason": str(reason)}
     return out
 
@@ -136,7 +136,7 @@ def parse_citation_reply(text: str) -> dict[str, str]:
     verdict = str(obj.get("verdict", "")).strip().lower()
     if verdict not in VERDICTS:
         raise ReplyError(f"verdict {obj.get('verdict')!r} is not one of {list(VERDICTS)}")
-    return {"verdict": verdict, "reason": str(obj.get("reason", ""))}
+    return {"verdict": verdict, "reason": str(obj.get("reason", ""))}  # data, not config
 
 
 # ---------------------------------------------------------------------------------------- client
@@ -179,7 +179,7 @@ def read_jsonl(path: str | Path) -> list[dict]:
 def _source_index(entry: dict) -> tuple[set[str], dict[str, dict]]:
     retrieved = {str(d) for d in entry.get("retrieved_ids", [])}
     texts: dict[str, dict] = {}
-    for c in entry.get("citations", []):
+    for c in entry.get("citations", []):  # data, not config
         doc_id = str(c.get("doc_id"))
         if c.get("retrieved"):
             retrieved.add(doc_id)
@@ -222,12 +222,13 @@ def _article_tasks(article: dict, sources: dict[str, dict] | None, opts: JudgeOp
                 c["error"] = "no_sources_entry"
             elif doc_id in never:
                 c.update(verdict="unsupported", reason="cited document was never retrieved", never_retrieved=True)
-            elif not (texts.get(doc_id) or {}).get("text"):
+            elif not (texts.get(doc_id) or {}).get("text"):  # data, not config
                 c["error"] = "no_source_text"
             else:
                 src = texts[doc_id]
                 body = str(src["text"])[: opts.max_source_chars] if opts.max_source_chars else str(src["text"])
-                msgs = citation_messages(strip_citations(statement, retrieved), doc_id, src.get("title"), body)
+                title = src.get("title")  # data, not config
+                msgs = citation_messages(strip_citations(statement, retrieved), doc_id, title, body)
                 calls.append(("citation", c, msgs, parse_citation_reply))
     return rec, calls
 

@@ -48,7 +48,7 @@ def summarise(records: list[dict], meta: dict[str, Any] | None = None) -> dict[s
     per_article: list[float] = []
     n_with_citations = 0
     for r in records:
-        cites = r.get("citations") or []
+        cites = r.get("citations") or []  # data, not config
         if cites:
             n_with_citations += 1
         s = u = 0

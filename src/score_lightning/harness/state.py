@@ -120,15 +120,17 @@ class HarnessState:
         extra = set(data) - allowed
         if extra:
             raise HarnessStateError(f"unknown harness state key(s) {sorted(extra)}; allowed: {sorted(allowed)}")
-        dc = _merge(base.dimension_constraints, data.get("dimension_constraints", {}), "dimension_constraints")
-        pc = _merge(base.process_constraints, data.get("process_constraints", {}), "process_constraints")
+        # data, not config: a partial state (a meta-harness proposal, a checkpoint) keeps ``base``'s other values
+        dcs, pcs = data.get("dimension_constraints", {}), data.get("process_constraints", {})  # data, not config
+        dc = _merge(base.dimension_constraints, dcs, "dimension_constraints")
+        pc = _merge(base.process_constraints, pcs, "process_constraints")
         pool = data.get("dimension_pool", base.dimension_pool)
         if not isinstance(pool, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in pool.items()):
             raise HarnessStateError("dimension_pool: must map dimension names to one-line definitions")
-        notes = data.get("notes", base.notes)
+        notes = data.get("notes", base.notes)  # data, not config
         if not isinstance(notes, str):
             raise HarnessStateError("notes: must be a string")
-        version = data.get("version", base.version)
+        version = data.get("version", base.version)  # data, not config
         state = cls(dc, pc, notes, dict(pool), int(version))
         return state.validate()
 

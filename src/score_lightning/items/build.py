@@ -43,7 +43,7 @@ def manifest(items: list[QueryItems], text: str, settings: BuildSettings, *, que
     """The manifest of a built items file (``text`` is exactly what was written)."""
     per_split: dict[str, list[int]] = {}
     for q in items:
-        per_split.setdefault(str(q.extra.get("split", "train")), []).append(len(q.items))
+        per_split.setdefault(str(q.extra.get("split", "train")), []).append(len(q.items))  # data, not config
     return {
         "builder": "scripts/build_rubrics.py", "builder_version": BUILDER_VERSION, "command": command,
         "settings": asdict(settings), "topics": list(topics),

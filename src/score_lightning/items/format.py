@@ -76,12 +76,13 @@ def _strings(value, path: Path, lineno: int, what: str, allow_empty: bool = Fals
 
 
 def _item(obj, path: Path, lineno: int, j: int) -> EvidenceItem:
-    if not isinstance(obj, dict) or not isinstance(obj.get("text"), str) or not obj["text"].strip():
+    text = obj.get("text") if isinstance(obj, dict) else None  # data, not config
+    if not isinstance(text, str) or not text.strip():
         raise DataFormatError(path, lineno, f'rubrics[{j}] needs a non-empty "text"')
     if "evidence" not in obj:
         raise DataFormatError(path, lineno, f'rubrics[{j}] has no "evidence" (the ids that support it): an evidence '
                                             "item needs one; a plain checklist loads with rubric=given instead")
-    weight = obj.get("weight", 1.0)
+    weight = obj.get("weight", 1.0)  # data, not config
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
         raise DataFormatError(path, lineno, f"rubrics[{j}].weight must be a positive number, got {weight!r}")
     if obj.get("type", "binary") != "binary":

@@ -24,7 +24,7 @@ SYSTEM = ("You rewrite rubric items for grading research reports. Each item is o
 
 def _parse(item: EvidenceItem):
     def parse(reply: str) -> str:
-        text = extract_json_object(reply).get("text")
+        text = extract_json_object(reply).get("text")  # data, not config
         if not isinstance(text, str) or not text.strip():
             raise ReplyError('the reply needs a non-empty "text"')
         text = " ".join(text.split())

@@ -31,10 +31,11 @@ def _parse_entry(entry: Any) -> SearchHit:
     """Accept ``{"document": {"id","contents"}, "score": s}`` and plain ``{"id","contents"}``."""
     if not isinstance(entry, dict):
         raise ValueError(f"result entry must be an object, got {type(entry).__name__}")
-    doc, score = (entry["document"], entry.get("score", 0.0)) if "document" in entry else (entry, entry.get("score", 0.0))
+    doc = entry["document"] if "document" in entry else entry
+    score = entry.get("score", 0.0)  # data, not config
     if not isinstance(doc, dict) or "contents" not in doc:
         raise ValueError(f"result entry has no document contents: {str(entry)[:200]}")
-    doc_id = doc.get("id")
+    doc_id = doc.get("id")  # data, not config
     if doc_id is None or isinstance(doc_id, bool) or not str(doc_id).strip():
         raise _NoId(f"result entry has no document id: {str(entry)[:200]}")
     return SearchHit(id=str(doc_id), contents=str(doc["contents"]), score=float(score))

@@ -184,11 +184,11 @@ class MCPRetriever:
                 "id field (retriever.fields.id) or make the tool return one")
         contents = entry.get("contents") if not ({"title", "text"} & set(f)) else None
         if not isinstance(contents, str):
-            title = _get(entry, f["title"]) if "title" in f else entry.get("title")
+            title = _get(entry, f["title"]) if "title" in f else entry.get("title")  # data, not config
             text = _get(entry, f["text"]) if "text" in f else _first(entry, TEXT_FIELDS)
             text = "" if text is None else str(text)
             contents = f'"{title}"\n{text}' if title else text
-        score = _get(entry, f["score"]) if "score" in f else entry.get("score")
+        score = _get(entry, f["score"]) if "score" in f else entry.get("score")  # data, not config
         try:
             score = float(score)
         except (TypeError, ValueError):

@@ -56,7 +56,7 @@ def _verdict(entry: Mapping, claim: Claim, i: int) -> ClaimVerdict:
     support = str(entry.get("support", "")).strip().lower()
     if support not in SUPPORT:
         raise ReplyError(f"claim {i}: support must be one of {sorted(SUPPORT)}, got {entry.get('support')!r}")
-    given = entry.get("passages")
+    given = entry.get("passages")  # data, not config
     if not isinstance(given, Mapping):
         raise ReplyError(f"claim {i}: passages must be an object {{doc id: relevant | irrelevant}}")
     relevant = {}
@@ -73,13 +73,13 @@ def citation_check_reader(claims: Sequence[Claim]):
 
     def parse(text: str) -> list[ClaimVerdict]:
         obj = extract_json_object(text)
-        entries = obj.get("claims")
+        entries = obj.get("claims")  # data, not config
         if not isinstance(entries, list):
             raise ReplyError('the reply needs "claims": a list with one object per claim')
         by_id = {}
         for e in entries:
             try:
-                by_id[int(e.get("id"))] = e
+                by_id[int(e.get("id"))] = e  # data, not config
             except (AttributeError, TypeError, ValueError):
                 raise ReplyError(f"every claim entry needs an integer id, got {e!r}") from None
         missing = [i for i in range(1, len(claims) + 1) if i not in by_id]

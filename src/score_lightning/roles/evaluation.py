@@ -211,7 +211,7 @@ def parse_evaluation(
         report_closed = close >= 0
         if report_closed:
             body = body[:close]
-        raw_id = parse_attributes(m.group(1)).get("id", "")
+        raw_id = parse_attributes(m.group(1)).get("id", "")  # data, not config
         rid_f = parse_number(raw_id)
         if rid_f is None or rid_f != int(rid_f):
             errors.append(f"report with bad id {raw_id!r}")

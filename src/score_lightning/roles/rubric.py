@@ -141,7 +141,7 @@ def _read_rubric(block: str) -> tuple[Rubric | None, str]:
     weights: list[float] = []
     for m in matches:
         attrs = parse_attributes(m.group(1))
-        name = attrs.get("name", "").strip()
+        name = attrs.get("name", "").strip()  # data, not config
         if not name:
             return None, "<dim> without name"
         if "weight" not in attrs:
