@@ -131,9 +131,9 @@ def main() -> int:
     if args.demos > 0:
         from score_lightning.sft.context import DemoContext
         from score_lightning.sft.demo_fit import scoring_demo_fit
-        from score_lightning.sft.demo_types import DemoBudgets
+        from score_lightning.sft.demo_types import demo_budgets
 
-        ctx = DemoContext.create(tok, retriever, queries, DemoBudgets.from_cfg(cfg), state)
+        ctx = DemoContext.create(tok, retriever, queries, demo_budgets(cfg.solver, cfg.evaluator), state)
         for kind, f in scoring_demo_fit(model, tok, ctx, args.demos, seed=12345 + args.seed).items():
             print(f"demo fit {kind}: value target {f['target_value']:.2f} model {f['model_value']:.2f} "
                   f"(n={int(f['n_values'])}); verification start greedy-correct {f['verification_start_acc']:.2f} "

@@ -130,7 +130,7 @@ def test_cold_start_demos_show_the_block_and_only_the_switch_changes_the_key(tok
 
     from score_lightning.sft.cache import sft_key_inputs
     from score_lightning.sft.context import DemoContext
-    from score_lightning.sft.demo_types import DemoBudgets
+    from score_lightning.sft.demo_types import demo_budgets
     from score_lightning.sft.scoring_demos import scoring_group
 
     from helpers import compose
@@ -143,7 +143,7 @@ def test_cold_start_demos_show_the_block_and_only_the_switch_changes_the_key(tok
     assert {k for k in off_key if off_key[k] != on_key[k]} == {"budgets"}
 
     queries = ["How do I write JSON with json.dumps?", "How do I join paths with os.path.join?"]
-    budgets = DemoBudgets.from_cfg(on)
+    budgets = demo_budgets(on.solver, on.evaluator)
     ctx = DemoContext.create(tokenizer, bm25, queries, budgets, HarnessState())
     prompts = [tokenizer.decode(d.prompt_ids) for s in range(6)
                for d in scoring_group(ctx, random.Random(s), queries[s % 2], 1)]
@@ -156,7 +156,7 @@ def test_cold_start_demos_show_the_block_and_only_the_switch_changes_the_key(tok
     with pytest.raises(ValueError, match="local corpus"):
         scoring_group(DemoContext.create(tokenizer, Remote(), queries, budgets, HarnessState()), random.Random(0),
                       queries[0], 1)
-    plain = DemoContext.create(tokenizer, bm25, queries, DemoBudgets.from_cfg(base), HarnessState())
+    plain = DemoContext.create(tokenizer, bm25, queries, demo_budgets(base.solver, base.evaluator), HarnessState())
     assert not any(CITED_HEAD in tokenizer.decode(d.prompt_ids) for d in scoring_group(plain, random.Random(0),
                                                                                        queries[0], 1))
 

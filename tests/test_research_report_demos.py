@@ -20,14 +20,15 @@ from score_lightning.launch.config_validation import validate_config
 from score_lightning.roles.answer import parse_answer
 from score_lightning.rollout.agent import format_observation
 from score_lightning.sft.cache import sft_key_inputs
-from score_lightning.sft.demo_types import SCORING, SOLVER, DemoBudgets, ReportShape
+from score_lightning.sft.demo_types import SCORING, SOLVER, ReportShape, demo_budgets, report_shape
 from score_lightning.sft.demos import build_demos
 from score_lightning.sft.research_report import round_robin_findings
 from score_lightning.sft.solver_demos import visible_passages
 from score_lightning.roles.text import _clean
 
 #: smol_score's budgets (768 response tokens, 3 searches, 384-token reports, pointwise with sources shown)
-BUDGETS = DemoBudgets.from_cfg(compose(["experiment=smol_score"]))
+SMOL = compose(["experiment=smol_score"])
+BUDGETS = demo_budgets(SMOL.solver, SMOL.evaluator)
 BASE = HarnessState.from_dict({"dimension_constraints": {"k": 3, "must_include": ["factual_support"],
                                                          "weight_min": 0.1, "weight_max": 0.6}})
 SHAPE = ReportShape(claims=(3, 5), searches=(2, 3))
@@ -105,10 +106,10 @@ def test_scoring_demos_show_reports_of_the_same_shape(reports, tokenizer):
 
 
 def test_report_shape_from_config_and_its_refusals():
-    assert ReportShape.from_cfg(None) is None
-    assert ReportShape.from_cfg({"claims": [2, 4], "searches": [1, 1]}) == ReportShape((2, 4), (1, 1))
+    assert report_shape(None) is None
+    assert report_shape({"claims": [2, 4], "searches": [1, 1]}) == ReportShape((2, 4), (1, 1))
     with pytest.raises(ValueError, match="sft.report.claims"):
-        ReportShape.from_cfg({"claims": [4, 2], "searches": [1, 3]})
+        report_shape({"claims": [4, 2], "searches": [1, 3]})
     with pytest.raises(ConfigError, match="sft.report"):
         validate_config(compose(["experiment=tiny_score", "sft.report={claims:[0,2],searches:[1,3]}"]))
     validate_config(compose(["experiment=tiny_score", "sft.report={claims:[3,5],searches:[1,3]}"]))

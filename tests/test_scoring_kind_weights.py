@@ -12,7 +12,7 @@ import pytest
 from helpers import compose
 from score_lightning.data.queries import load_queries
 from score_lightning.sft.cache import sft_key_inputs
-from score_lightning.sft.demo_types import KIND_WEIGHTS, SCORING_KINDS, DemoBudgets, kind_weights
+from score_lightning.sft.demo_types import KIND_WEIGHTS, SCORING_KINDS, demo_budgets, kind_weights
 from score_lightning.sft.demos import build_demos
 from score_lightning.sft.train import scoring_kind_weights
 
@@ -39,7 +39,7 @@ def _kinds(demos) -> Counter:
 def test_the_demos_draw_kinds_by_the_weights(tokenizer, bm25):
     cfg = compose(["experiment=tiny_score", "evaluator.scoring=pointwise"])
     queries = [q.prompt for q in load_queries(None)]
-    budgets = DemoBudgets.from_cfg(cfg)
+    budgets = demo_budgets(cfg.solver, cfg.evaluator)
     default, _ = build_demos(tokenizer, bm25, queries, budgets, 0, 0, 40, seed=4)
     same, _ = build_demos(tokenizer, bm25, queries, budgets, 0, 0, 40, seed=4, scoring_weights=KIND_WEIGHTS)
     assert [d.response_ids for d in default] == [d.response_ids for d in same]  # the default stream, bit for bit
@@ -53,10 +53,10 @@ def test_the_knob_enters_the_key_only_when_set_and_is_validated(tiny_ckpt):
     from score_lightning.launch.config_validation import validate_config
 
     base = compose(["experiment=tiny_score"])
-    assert scoring_kind_weights(base) is None
+    assert scoring_kind_weights(base.sft) is None
     assert "scoring_kind_weights" not in sft_key_inputs(base, str(tiny_ckpt))["sft"]
     on = compose(["experiment=tiny_score", "sft.scoring_kind_weights={no_citation:0.45}"])
-    assert dict(zip(SCORING_KINDS, scoring_kind_weights(on)))["no_citation"] == 0.45
+    assert dict(zip(SCORING_KINDS, scoring_kind_weights(on.sft)))["no_citation"] == 0.45
     assert sft_key_inputs(on, str(tiny_ckpt))["sft"]["scoring_kind_weights"] == {"no_citation": 0.45}
     validate_config(on)
     with pytest.raises(Exception, match="unknown kind"):

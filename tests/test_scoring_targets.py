@@ -10,7 +10,7 @@ import pytest
 
 from helpers import compose
 from score_lightning.sft.cache import sft_key_inputs
-from score_lightning.sft.demo_types import DemoBudgets
+from score_lightning.sft.demo_types import demo_budgets
 from score_lightning.sft.demos import build_demos
 from score_lightning.sft.scoring_demos import recall_base
 from score_lightning.sft.train import scoring_items
@@ -25,9 +25,10 @@ def test_recall_base_by_hand(recall, base):
 
 def test_valid_reports_scores_follow_their_item_recall(tokenizer, bm25):
     cfg = compose(["experiment=tiny_score", "evaluator.scoring=pointwise", "sft.scoring_targets=items"])
-    items = scoring_items(cfg)
+    items = scoring_items(cfg.sft, cfg.reward)
     queries = [q for q in items][:12]
-    demos, _ = build_demos(tokenizer, bm25, queries, DemoBudgets.from_cfg(cfg), 0, 0, 60, seed=2, items=items)
+    demos, _ = build_demos(tokenizer, bm25, queries, demo_budgets(cfg.solver, cfg.evaluator), 0, 0, 60, seed=2,
+                           items=items)
     checked, recalls = 0, set()
     for d in demos:
         (kind,), (recall,) = d.meta["kinds"], d.meta["recalls"]
@@ -50,7 +51,8 @@ def test_default_targets_leave_the_cold_start_keys_unchanged(tiny_ckpt):
     assert "scoring_targets" not in base["sft"] and "items" not in base
     on = sft_key_inputs(compose(["experiment=tiny_score", "sft.scoring_targets=items"]), str(tiny_ckpt))
     assert on["sft"]["scoring_targets"] == "items" and on["items"].startswith("sha256:")
-    assert scoring_items(compose(["experiment=tiny_score"])) is None
+    tiny = compose(["experiment=tiny_score"])
+    assert scoring_items(tiny.sft, tiny.reward) is None
 
 
 def test_an_unknown_target_is_refused_by_name():

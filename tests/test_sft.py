@@ -14,7 +14,7 @@ from score_lightning.roles.evaluation import parse_evaluation
 from score_lightning.roles.rubric import Rubric, check_rubric, parse_rubric
 from score_lightning.rollout.agent import _wrap_observation, format_observation
 from score_lightning.rollout.chat import encode_chat
-from score_lightning.sft.demo_types import RUBRIC, SCORING, SOLVER, DemoBudgets
+from score_lightning.sft.demo_types import RUBRIC, SCORING, SOLVER, DemoBudgets, demo_budgets
 from score_lightning.sft.demos import build_demos
 from score_lightning.sft.rubric_demos import random_state, weight_plans
 
@@ -197,7 +197,8 @@ def test_budgets_are_tiny_scores():
     """The demos are checked against what tiny_score's RL samples; a config change must update both."""
     from helpers import compose
 
-    assert DemoBudgets.from_cfg(compose(["experiment=tiny_score"])) == BUDGETS
+    tiny = compose(["experiment=tiny_score"])
+    assert demo_budgets(tiny.solver, tiny.evaluator) == BUDGETS
 
 
 def test_the_embedded_default_runs_the_cold_start_then_rl():

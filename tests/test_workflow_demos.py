@@ -10,9 +10,9 @@ from score_lightning.methods.mams import prompts as M
 from score_lightning.roles.answer import parse_answer
 from score_lightning.methods.arco.judge import parse_step_judgement
 from score_lightning.rollout.agent import parse_search_action
-from score_lightning.sft.demo_types import DemoBudgets
+from score_lightning.sft.demo_types import demo_budgets
 from score_lightning.sft.demos import build_demos
-from score_lightning.sft.workflow_demos import WorkflowDemoSpec, workflow_key_inputs, workflow_kinds
+from score_lightning.sft.workflow_demos import workflow_demo_spec, workflow_key_inputs, workflow_kinds
 
 
 @pytest.fixture(scope="module")
@@ -24,10 +24,10 @@ def queries():
 
 def test_workflow_demos_only_where_the_config_uses_them():
     base = compose(["experiment=tiny_score"])
-    assert WorkflowDemoSpec.from_cfg(base) is None and workflow_kinds(None) == []
+    assert workflow_demo_spec(base) is None and workflow_kinds(None) == []
     assert workflow_key_inputs(base) == {}  # the default cold start's cache key is unchanged
     mams, arco = compose(["experiment=mams_tiny"]), compose(["experiment=arco_tiny"])
-    m, a = WorkflowDemoSpec.from_cfg(mams), WorkflowDemoSpec.from_cfg(arco)
+    m, a = workflow_demo_spec(mams), workflow_demo_spec(arco)
     assert (m["num_mams"], m["num_step"], a["num_mams"], a["num_step"]) == (240, 0, 0, 480)
     assert m["mams"].max_searches == int(mams.solver.max_tool_calls) and a["mams"] is None
     assert workflow_key_inputs(mams) != workflow_key_inputs(arco) != {}
@@ -36,9 +36,9 @@ def test_workflow_demos_only_where_the_config_uses_them():
 
 def test_workflow_demos_are_valid_and_leave_the_default_kinds_unchanged(tokenizer, bm25, queries):
     cfg = compose(["experiment=mams_tiny", "reward.step=rubric"])
-    spec = WorkflowDemoSpec.from_cfg(cfg)
+    spec = workflow_demo_spec(cfg)
     extra = [type(k)(k.kind, 6, k.per_prompt, k.group) for k in workflow_kinds(spec)]
-    budgets = DemoBudgets.from_cfg(cfg)
+    budgets = demo_budgets(cfg.solver, cfg.evaluator)
     plain, _ = build_demos(tokenizer, bm25, queries, budgets, 4, 8, 2, seed=3)
     demos, stats = build_demos(tokenizer, bm25, queries, budgets, 4, 8, 2, seed=3, extra=extra)
     assert [(d.prompt_ids, d.response_ids) for d in demos[:len(plain)]] == [(d.prompt_ids, d.response_ids) for d in plain]
@@ -74,11 +74,12 @@ def test_item_writing_demos_for_rler_and_drrubric_are_valid_and_shared(tokenizer
     from score_lightning.methods.rler.research_prompts import DISTIL_SYSTEM, RESEARCH_SYSTEM, findings_text
 
     rler, dr = compose(["experiment=rler_tiny"]), compose(["experiment=drrubric_tiny"])
-    spec = WorkflowDemoSpec.from_cfg(rler)
-    assert spec == WorkflowDemoSpec.from_cfg(dr) and spec["num_items"] == 240
+    spec = workflow_demo_spec(rler)
+    assert spec == workflow_demo_spec(dr) and spec["num_items"] == 240
     assert workflow_key_inputs(rler) == workflow_key_inputs(dr) != {}
     extra = [type(k)(k.kind, 8, k.per_prompt, k.group) for k in workflow_kinds(spec)]
-    demos, stats = build_demos(tokenizer, bm25, queries, DemoBudgets.from_cfg(rler), 0, 0, 0, seed=5, extra=extra)
+    demos, stats = build_demos(tokenizer, bm25, queries, demo_budgets(rler.solver, rler.evaluator), 0, 0, 0, seed=5,
+                               extra=extra)
     by_kind = {k: [d for d in demos if d.kind == k] for k in ("items_init", "items_contrast", "research", "distil")}
     assert all(len(v) >= 4 for v in by_kind.values()), {k: len(v) for k, v in by_kind.items()}
     for kind, ds in by_kind.items():
@@ -110,11 +111,12 @@ def test_rubricem_demos_are_valid_and_leave_the_item_writers_key_alone(tokenizer
     from score_lightning.methods.rubricem.stages import stage_spans
 
     cfg = compose(["experiment=rubricem_tiny"])
-    spec = WorkflowDemoSpec.from_cfg(cfg)
+    spec = workflow_demo_spec(cfg)
     assert (spec["num_rubricem"], spec["num_stage"], spec["num_items"]) == (480, 480, 0)
     assert "num_rubricem" not in workflow_key_inputs(compose(["experiment=rler_tiny"]))["workflow_demos"]
     extra = [type(k)(k.kind, 8, k.per_prompt, k.group) for k in workflow_kinds(spec)]
-    demos, _ = build_demos(tokenizer, bm25, queries, DemoBudgets.from_cfg(cfg), 0, 0, 0, seed=4, extra=extra)
+    demos, _ = build_demos(tokenizer, bm25, queries, demo_budgets(cfg.solver, cfg.evaluator), 0, 0, 0, seed=4,
+                           extra=extra)
     em = [d for d in demos if d.kind == "rubricem"]
     judge = [d for d in demos if d.kind == "stage_judge"]
     assert len(em) >= 4 and len(judge) >= 4

@@ -79,9 +79,9 @@ def test_a_scripted_role_registered_here_is_recognised_and_answered(monkeypatch,
 
 
 def test_a_demo_source_registered_here_joins_the_cold_start_when_its_switch_is_on(monkeypatch, tokenizer, bm25):
-    from score_lightning.sft.demo_types import DemoBudgets
+    from score_lightning.sft.demo_types import demo_budgets
     from score_lightning.sft.demos import build_demos
-    from score_lightning.sft.workflow_demos import WorkflowDemoSpec, workflow_key_inputs, workflow_kinds
+    from score_lightning.sft.workflow_demos import workflow_demo_spec, workflow_key_inputs, workflow_kinds
 
     def group(ctx, rng, query, n):
         return [Demo("echo", [1, 2], [3, tokenizer.eos_token_id], [1, 1], meta={"query": query}) for _ in range(n)]
@@ -93,10 +93,10 @@ def test_a_demo_source_registered_here_joins_the_cold_start_when_its_switch_is_o
     _register(monkeypatch, DEMO_SOURCES["solver.agent"], "echo", source)
     assert workflow_key_inputs(compose(["experiment=tiny_score"])) == {}  # off: the default cold start's key as it was
     cfg = compose(["experiment=tiny_score", "solver.agent=echo"])
-    spec = WorkflowDemoSpec.from_cfg(cfg)
+    spec = workflow_demo_spec(cfg)
     key = workflow_key_inputs(cfg)["workflow_demos"]
     assert key["num_echo"] == 3 and key["num_mams"] == 0 and key["mams"] is None  # the shipped sources' fields, off
     assert [k.kind for k in workflow_kinds(spec)] == ["echo"]
-    demos, stats = build_demos(tokenizer, bm25, ["What is json?"], DemoBudgets.from_cfg(cfg), 0, 0, 0, seed=1,
-                               extra=workflow_kinds(spec))
+    demos, stats = build_demos(tokenizer, bm25, ["What is json?"], demo_budgets(cfg.solver, cfg.evaluator), 0, 0, 0,
+                               seed=1, extra=workflow_kinds(spec))
     assert [d.kind for d in demos] == ["echo"] * 3 and stats.built["echo"] == 3

@@ -68,7 +68,7 @@ def _string(obj: dict, key: str, path: Path, lineno: int, where: str = "", *, re
 
 
 def _rubric(content: dict, path: Path, lineno: int) -> dict[str, tuple[str, ...]]:
-    rubric = content.get("rubric")
+    rubric = content.get("rubric")  # data, not config
     if not isinstance(rubric, dict):
         raise DataFormatError(path, lineno, '"content.rubric" must be an object {"info_recall": [...], '
                                             '"analysis": [...], "presentation": [...]}')

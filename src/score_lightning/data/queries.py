@@ -64,7 +64,7 @@ def load_queries(path: str | Path | None = None, split: str | None = None) -> li
     if not queries:
         raise DataFormatError(path, 1, "query file is empty")
     if split is not None:
-        queries = [q for q in queries if q.extra.get("split", "train") == split]
+        queries = [q for q in queries if q.extra.get("split", "train") == split]  # data, not config
         if not queries:
             raise DataFormatError(path, 1, f'no queries with "split": "{split}"')
     return queries

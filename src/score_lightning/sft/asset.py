@@ -103,7 +103,8 @@ def install_packaged(out: Path, asset: Path | None = None, base_path: str | Path
             from score_lightning.sft.adapter_asset import ADAPTER_DIR, rebuild_from_adapter
 
             try:
-                rebuild_from_adapter(base_path, tmp / ADAPTER_DIR, tmp, manifest["lora"], manifest.get("dtype", "float32"))
+                dtype = manifest.get("dtype", "float32")  # data, not config
+                rebuild_from_adapter(base_path, tmp / ADAPTER_DIR, tmp, manifest["lora"], dtype)
             except OSError as exc:
                 if _within(exc.filename, tmp) or exc.errno in _DISK_FULL:
                     raise  # writing the result: judged below like any other write
@@ -169,7 +170,7 @@ def package(built: Path, asset: Path = ASSET_DIR) -> dict:
     from score_lightning.sft.cache import META_FILE
 
     meta = json.loads((built / META_FILE).read_text()) if (built / META_FILE).is_file() else {}
-    lora = (meta.get("inputs", {}).get("sft") or {}).get("lora")
+    lora = (meta.get("inputs", {}).get("sft") or {}).get("lora")  # data, not config
     if asset.exists():
         shutil.rmtree(asset)
     asset.mkdir(parents=True)
@@ -189,7 +190,7 @@ def package(built: Path, asset: Path = ASSET_DIR) -> dict:
         files[name] = file_sha256(p)
     manifest: dict[str, Any] = {"key": built.name, "files": files}
     if lora:
-        manifest.update(adapter=True, lora=lora, dtype=meta["inputs"].get("dtype", "float32"),
+        manifest.update(adapter=True, lora=lora, dtype=meta["inputs"].get("dtype", "float32"),  # data, not config
                         base=meta["inputs"]["base"], recipe=recipe_digest(meta["inputs"]))
     (asset / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return manifest

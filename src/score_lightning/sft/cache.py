@@ -19,7 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from score_lightning.paths import corpus_path
-from score_lightning.sft.demo_types import DemoBudgets
+from score_lightning.sft.demo_types import demo_budgets
 from score_lightning.sft.demos import DEMO_VERSION
 from score_lightning.sft.workflow_demos import workflow_key_inputs
 
@@ -68,15 +68,15 @@ def _retriever_identity(cfg: DictConfig) -> dict[str, Any]:
     is then keyed (and reused) exactly as with ``retriever=bm25``.
     """
     r = cfg.retriever
-    if r.kind == "bm25" or bool(r.get("serves_local_corpus", False)):
+    if r.kind == "bm25" or bool(r.serves_local_corpus):  # (retriever=bm25 has no serves_local_corpus: never read)
         return {"kind": "bm25", "corpus": _file_digest(corpus_path(cfg))}
-    return {"kind": str(r.kind), "url": str(r.get("url"))}
+    return {"kind": str(r.kind), "url": str(r.url)}
 
 
 def _queries_identity(cfg: DictConfig) -> str:
     from score_lightning.data.queries import EMBEDDED_QUERIES_PATH
 
-    path = cfg.data.get("queries_path") or EMBEDDED_QUERIES_PATH
+    path = cfg.data.queries_path or EMBEDDED_QUERIES_PATH
     return _file_digest(Path(path))
 
 
@@ -89,16 +89,16 @@ def _items_identity(cfg: DictConfig) -> str:
     """The evidence items ``sft.scoring_targets=items`` reads: the file's digest (the embedded one by default)."""
     from score_lightning.items.format import EMBEDDED_ITEMS_PATH, file_digest
 
-    path = cfg.reward.get("items_path")
+    path = cfg.reward.items_path
     return file_digest(path if path else EMBEDDED_ITEMS_PATH)
 
 
 def _budgets(cfg: DictConfig) -> dict[str, Any]:
     """The demo budgets as key inputs; a switch that is off (``passages``: None) is left out, so keys made before
     it existed still hold."""
-    out = asdict(DemoBudgets.from_cfg(cfg))
-    if out.get("passages") is None:
-        out.pop("passages", None)
+    out = asdict(demo_budgets(cfg.solver, cfg.evaluator))
+    if out["passages"] is None:
+        del out["passages"]
     return out
 
 
@@ -108,17 +108,19 @@ def sft_key_inputs(cfg: DictConfig, model_path: str) -> dict[str, Any]:
     for k in _NON_KEY_FIELDS:
         s.pop(k, None)
     for knob, off in _OFF_VALUES.items():  # a knob at its "off" value leaves every existing key (the packaged) as is
-        if s.get(knob, off) == off:
-            s.pop(knob, None)
-    if not (s.get("lora") or {}).get("enabled", False):  # all weights train: the adapter's shape is no input
-        s.pop("lora", None)
+        if s[knob] == off:
+            del s[knob]
+    if not s["workflow_demos"]:  # no counts set: keys made before the schema gave every run this node hold
+        del s["workflow_demos"]
+    if not s["lora"]["enabled"]:  # all weights train: the adapter's shape is no input
+        del s["lora"]
     return {
         "base": checkpoint_digest(model_path),
         "sft": s,
         "demo_version": DEMO_VERSION,
         "format_version": SFT_FORMAT_VERSION,
         "retriever": _retriever_identity(cfg),
-        "queries": [_queries_identity(cfg), str(cfg.data.get("split", "train"))],
+        "queries": [_queries_identity(cfg), str(cfg.data.split)],
         "harness_initial_state": OmegaConf.to_container(cfg.harness.initial_state, resolve=True),
         "budgets": _budgets(cfg),
         "dtype": str(cfg.model.dtype),
@@ -127,13 +129,13 @@ def sft_key_inputs(cfg: DictConfig, model_path: str) -> dict[str, Any]:
         # results trained with gradient checkpointing before the packed shared prompt saw no prompt (HF dropped
         # the prompt's key/value cache in checkpointed layers): a new key so those caches are not reused;
         # without checkpointing (the tiny model) the key, and the packaged cold start, are unchanged
-        **({"prompt_context": "packed"} if cfg.model.get("gradient_checkpointing", False) else {}),
+        **({"prompt_context": "packed"} if cfg.model.gradient_checkpointing else {}),
     }
 
 
 def sft_cache_dir(cfg: DictConfig) -> Path:
     """``sft.cache_dir``, else ``<paths.cache_dir>/sft``: shared across runs so unchanged inputs reuse a result."""
-    d = cfg.sft.get("cache_dir")
+    d = cfg.sft.cache_dir
     return Path(d) if d else Path(cfg.paths.cache_dir) / "sft"
 
 

@@ -57,7 +57,7 @@ DEMO_SOURCES: dict[str, Registry[DemoSource]] = {
 def switch_value(cfg, switch: str) -> str:
     """The value of ``switch`` in ``cfg`` that selects a source (``rubric``: the rubric source's class name)."""
     if switch == "rubric":
-        return str(OmegaConf.select(cfg, "rubric._target_", default="")).rsplit(".", 1)[-1]
+        return str(cfg.rubric._target_).rsplit(".", 1)[-1]
     return str(OmegaConf.select(cfg, switch))
 
 

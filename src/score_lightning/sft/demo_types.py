@@ -8,9 +8,13 @@ use these types and helpers without importing the demo generators.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from score_lightning import protocol as P
 from score_lightning.rollout.agent import AgentConfig
+
+if TYPE_CHECKING:
+    from score_lightning.config.schema import EvaluatorConfig, SolverConfig
 
 SOLVER, RUBRIC, SCORING = "solver", "rubric", "scoring"
 #: ``sft.scoring_targets``: kind (a valid report's scores follow its kind) | items (and its evidence-item recall)
@@ -82,20 +86,6 @@ class DemoBudgets:
     #: None: off (left out of the cold start's key, so every existing key holds)
     passages: tuple[int, int] | None = None
 
-    @classmethod
-    def from_cfg(cls, cfg) -> "DemoBudgets":
-        s, e = cfg.solver, cfg.evaluator
-        return cls(
-            max_prompt_tokens=int(s.max_prompt_tokens), solver_max_response_tokens=int(s.max_response_tokens),
-            solver_max_tool_calls=int(s.max_tool_calls), max_observation_tokens=int(s.max_observation_tokens),
-            topk=int(s.topk), max_rubric_tokens=int(e.max_rubric_tokens),
-            evaluator_max_response_tokens=int(e.max_response_tokens), evaluator_max_tool_calls=int(e.max_tool_calls),
-            max_report_tokens=int(e.max_report_tokens), num_rollouts=int(s.num_rollouts),
-            scoring=str(e.get("scoring", "joint")), show_retrieved=bool(e.get("show_retrieved", False)),
-            passages=(int(e.get("passage_tokens", 48)), int(e.get("max_cited_passages", 4)))
-            if bool(e.get("show_passages", False)) else None,
-        )
-
     def solver_agent(self) -> AgentConfig:
         """The solver's agent config, built as ``ScoreModule.rollout`` builds it."""
         return AgentConfig(max_tool_calls=self.solver_max_tool_calls, max_response_tokens=self.solver_max_response_tokens,
@@ -107,6 +97,20 @@ class DemoBudgets:
                            max_response_tokens=self.evaluator_max_response_tokens,
                            max_observation_tokens=self.max_observation_tokens, topk=self.topk,
                            finish_tag=P.EVALS_CLOSE, allow_search=self.evaluator_max_tool_calls > 0)
+
+
+def demo_budgets(solver: "SolverConfig", evaluator: "EvaluatorConfig") -> DemoBudgets:
+    """The RL budgets of the run's ``solver`` and ``evaluator`` nodes, which the demonstrations must fit."""
+    s, e = solver, evaluator
+    return DemoBudgets(
+        max_prompt_tokens=int(s.max_prompt_tokens), solver_max_response_tokens=int(s.max_response_tokens),
+        solver_max_tool_calls=int(s.max_tool_calls), max_observation_tokens=int(s.max_observation_tokens),
+        topk=int(s.topk), max_rubric_tokens=int(e.max_rubric_tokens),
+        evaluator_max_response_tokens=int(e.max_response_tokens), evaluator_max_tool_calls=int(e.max_tool_calls),
+        max_report_tokens=int(e.max_report_tokens), num_rollouts=int(s.num_rollouts),
+        scoring=str(e.scoring), show_retrieved=bool(e.show_retrieved),
+        passages=(int(e.passage_tokens), int(e.max_cited_passages)) if bool(e.show_passages) else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -122,18 +126,19 @@ class ReportShape:
     claims: tuple[int, int] = (3, 5)
     searches: tuple[int, int] = (1, 3)
 
-    @classmethod
-    def from_cfg(cls, node) -> "ReportShape | None":
-        """``None`` for ``sft.report: null``; a :class:`ValueError` naming the key for a bad range."""
-        if node is None:
-            return None
-        out = {}
-        for key in ("claims", "searches"):
-            lo, hi = (int(x) for x in node[key])
-            if not 1 <= lo <= hi:
-                raise ValueError(f"sft.report.{key}: [lo, hi] with 1 <= lo <= hi, got {list(node[key])}")
-            out[key] = (lo, hi)
-        return cls(**out)
+
+def report_shape(report) -> ReportShape | None:
+    """The shape the ``sft.report`` node gives: ``None`` for ``sft.report: null``; a :class:`ValueError` naming the
+    key for a bad range."""
+    if report is None:
+        return None
+    out = {}
+    for key in ("claims", "searches"):
+        lo, hi = (int(x) for x in report[key])
+        if not 1 <= lo <= hi:
+            raise ValueError(f"sft.report.{key}: [lo, hi] with 1 <= lo <= hi, got {list(report[key])}")
+        out[key] = (lo, hi)
+    return ReportShape(**out)
 
 
 def encode(tokenizer, text: str) -> list[int]:

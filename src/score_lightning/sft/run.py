@@ -61,7 +61,7 @@ def _sft_loggers(cfg: DictConfig) -> list:
     """The run's configured loggers, in an ``sft`` sub-run (``tensorboard/sft``, ``csv/sft``, ...)."""
     from score_lightning.telemetry.loggers import build_loggers
 
-    return build_loggers(cfg, version="sft")
+    return build_loggers(cfg.logger, version="sft")
 
 
 def _log_summary(loggers: list, metrics: dict, texts: dict[str, str], output_dir: str, step: int = 0) -> None:
@@ -91,7 +91,7 @@ def run_sft(cfg: DictConfig, model_path: str) -> Path:
     loggers = _sft_loggers(cfg)
     where = str(cfg.paths.output_dir)
     with _file_lock(out.parent / f".{out.name}.lock"):
-        if not is_complete(out) and bool(cfg.sft.get("use_packaged", True)):
+        if not is_complete(out) and bool(cfg.sft.use_packaged):
             from score_lightning.sft.asset import install_packaged
 
             install_packaged(out, base_path=model_path, inputs=inputs)  # tiny_score's ships with the package
@@ -128,7 +128,7 @@ def _build(cfg: DictConfig, model_path: str, out: Path, inputs: dict, loggers: l
     s = cfg.sft
     t0 = time.perf_counter()
     pl.seed_everything(int(s.seed), workers=True, verbose=False)
-    tokenizer = load_tokenizer(model_path, chat_template=cfg.model.get("chat_template"))
+    tokenizer = load_tokenizer(model_path, chat_template=cfg.model.chat_template)
     retriever = retriever_from_config(cfg.retriever, cfg.paths.cache_dir)
     demos, info = build_sft_demos(cfg, tokenizer, retriever)
     if not demos:
@@ -136,10 +136,10 @@ def _build(cfg: DictConfig, model_path: str, out: Path, inputs: dict, loggers: l
     t_demos = time.perf_counter() - t0
     log.info("sft: %d demonstrations in %.1fs (%s)", len(demos), t_demos,
              ", ".join(f"{k}={v}" for k, v in info["built"].items()))
-    lora = OmegaConf.to_container(s.lora, resolve=True) if s.get("lora") else None
-    model = load_policy(model_path, str(cfg.model.dtype), bool(cfg.model.get("gradient_checkpointing", False)),
+    lora = OmegaConf.to_container(s.lora, resolve=True)
+    model = load_policy(model_path, str(cfg.model.dtype), bool(cfg.model.gradient_checkpointing),
                         lora=lora)  # sft.lora.enabled: only adapters train, packaged as the adapter alone
-    top = s.get("trainable_layers")
+    top = s.trainable_layers
     if top is not None:  # the cold start trains what RL trains: below them no graph, no recomputation, no backward
         from score_lightning.policy.top_layers import train_top_layers
 
@@ -148,24 +148,23 @@ def _build(cfg: DictConfig, model_path: str, out: Path, inputs: dict, loggers: l
         except ValueError as exc:
             raise ValueError(f"sft.trainable_layers={top}: {exc}") from None
         log.info("sft: training the top %d decoder layers and the final norm (%d tensors)", int(top), len(trained))
-    accel = str(OmegaConf.select(cfg, "trainer.accelerator", default="cpu"))
-    trainer_kwargs = {"accelerator": accel, "devices": 1,
-                      "enable_progress_bar": bool(OmegaConf.select(cfg, "trainer.enable_progress_bar", default=True))}
+    trainer_kwargs = {"accelerator": str(cfg.trainer.accelerator), "devices": 1,
+                      "enable_progress_bar": bool(cfg.trainer.enable_progress_bar)}
     metrics = train_sft(model, demos, tokenizer.pad_token_id, s, trainer_kwargs, loggers or False)
     metrics["sft/demos_s"] = t_demos
     metrics["sft/num_demos"] = float(len(demos))
-    probe = s.get("probe") or {}
-    if int(probe.get("num_rubrics", 0)) > 0 or int(probe.get("num_solver", 0)) > 0:
+    probe = s.probe
+    if int(probe.num_rubrics) > 0 or int(probe.num_solver) > 0:
         tp = time.perf_counter()
-        pm = probe_policy(model, tokenizer, retriever, cfg, int(probe.get("num_rubrics", 0)),
-                          int(probe.get("num_solver", 0)), seed=int(s.seed), n_scoring=int(probe.get("num_scoring", 1)))
+        pm = probe_policy(model, tokenizer, retriever, cfg, int(probe.num_rubrics), int(probe.num_solver),
+                          seed=int(s.seed), n_scoring=int(probe.num_scoring))
         pm.pop("probe/rubric_errors", None)
         metrics.update({f"sft/{k}": v for k, v in pm.items()})
         metrics["sft/probe_s"] = time.perf_counter() - tp
         log.info("sft probe: %s", ", ".join(f"{k}={v:.2f}" for k, v in pm.items()))
     getattr(retriever, "close", lambda: None)()  # an MCP stdio server ends with the demonstrations, not the process
     metrics["sft/total_s"] = time.perf_counter() - t0
-    if bool(s.get("log_samples", True)):
+    if bool(s.log_samples):
         _log_summary(loggers, {}, _sample_texts(demos, tokenizer), str(cfg.paths.output_dir))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-sft-"))

@@ -31,19 +31,10 @@ WORKFLOW_DEMO_VERSION = 3  # 2: step-judgement prompts show the step's passages;
 @dataclass(frozen=True)
 class WorkflowDemoSpec(Mapping):
     """Which workflow demos to build and how many: every registered source's key fields (``None`` from
-    :meth:`from_cfg`: no source is on). Read as a mapping: ``spec["num_mams"]``, ``spec["mams"].max_searches``."""
+    :func:`workflow_demo_spec`: no source is on). Read as a mapping: ``spec["num_mams"]``,
+    ``spec["mams"].max_searches``."""
 
     fields: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_cfg(cls, cfg) -> "WorkflowDemoSpec | None":
-        sources = sources_for(cfg)
-        if not any(on for _, on in sources):
-            return None
-        counts = {k: v for s, _ in sources for k, v in s.defaults.items()}
-        if OmegaConf.select(cfg, "sft.workflow_demos"):
-            counts.update(OmegaConf.to_container(cfg.sft.workflow_demos, resolve=True))
-        return cls({k: v for s, on in sources for k, v in s.key_fields(cfg, counts, on).items()})
 
     def __getitem__(self, key: str) -> Any:
         return self.fields[key]
@@ -55,9 +46,22 @@ class WorkflowDemoSpec(Mapping):
         return len(self.fields)
 
 
+def workflow_demo_spec(cfg) -> WorkflowDemoSpec | None:
+    """The run's workflow demos. The whole config, because the switches that turn sources on live in three groups
+    (``solver.agent``, ``reward.step``, ``rubric``) and each source's key fields read its own method's node; the
+    counts are ``sft.workflow_demos`` over every source's defaults."""
+    sources = sources_for(cfg)
+    if not any(on for _, on in sources):
+        return None
+    counts = {k: v for s, _ in sources for k, v in s.defaults.items()}
+    if cfg.sft.workflow_demos:  # counts an experiment sets (mams_tiny, arco_tiny); none: the sources' defaults
+        counts.update(OmegaConf.to_container(cfg.sft.workflow_demos, resolve=True))
+    return WorkflowDemoSpec({k: v for s, on in sources for k, v in s.key_fields(cfg, counts, on).items()})
+
+
 def workflow_key_inputs(cfg) -> dict:
     """Extra SFT cache-key inputs of a workflow run; ``{}`` for the default (ReAct, no step rewards)."""
-    spec = WorkflowDemoSpec.from_cfg(cfg)
+    spec = workflow_demo_spec(cfg)
     if spec is None:
         return {}
     fields = {k: asdict(v) if is_dataclass(v) else v for k, v in spec.items()}

@@ -8,7 +8,7 @@ from pathlib import Path
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from score_lightning.launch.config_validation.values import Checks, integer, number
-from score_lightning.sft.demo_types import SCORING_KINDS, SCORING_TARGETS, ReportShape, kind_weights
+from score_lightning.sft.demo_types import SCORING_KINDS, SCORING_TARGETS, kind_weights, report_shape
 
 _DTYPES = {"float32", "fp32", "bfloat16", "bf16", "float16", "fp16"}  # models.resolve_dtype (no torch import here)
 #: significant bits of each low-precision dtype (the stored mantissa plus the implicit one)
@@ -178,7 +178,7 @@ def check_sft(c: Checks) -> None:
         c.add(f"{e}" if str(e).startswith("sft.") else f"sft.scoring_kind_weights={weights!r}: allowed null or a "
               f"mapping of report kinds {list(SCORING_KINDS)} to weights >= 0 ({e})")
     try:  # the demo builder's own reading of the shape, so the two cannot disagree
-        ReportShape.from_cfg(c.get("sft.report"))
+        report_shape(c.get("sft.report"))
     except (KeyError, TypeError, ValueError) as e:
         c.add(f"sft.report={c.get('sft.report')!r}: allowed null (short answers) or "
               f"{{claims: [lo, hi], searches: [lo, hi]}} with 1 <= lo <= hi ({e})")
