@@ -149,17 +149,17 @@ def build(args, cfg, policy, state, retriever, out_dir: Path):
     from score_lightning.evaluation.pair_build import build_pairs
     from score_lightning.evaluation.pair_scoring import sample_reports
     from score_lightning.evaluation.pair_set import write_pair_set
-    from score_lightning.step.reward_assembly import RewardSettings
-    from score_lightning.step.rollouts import RolloutSettings
+    from score_lightning.step.rollouts import rollout_settings
 
     queries = _queries(cfg, args.queries, args.split)
     items, items_meta = _items(cfg, queries)
     policy.load()
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
-    reward = RewardSettings.from_cfg(cfg)
-    samples = sample_reports(policy.engine, policy.tok, retriever, queries, state, RolloutSettings.from_cfg(cfg),
-                             reward, args.samples, int(cfg.rollout.max_batch_size))
+    reward = cfg.reward
+    samples = sample_reports(policy.engine, policy.tok, retriever, queries, state,
+                             rollout_settings(cfg.solver, cfg.evaluator), reward, args.samples,
+                             int(cfg.rollout.max_batch_size))
     known = [d.id for d in (getattr(retriever, "docs", None) or [])]
     pairs, stats = build_pairs(samples, items, random.Random(args.seed), max_degraded=args.pairs,
                                max_valid=args.pairs if args.valid_pairs is None else args.valid_pairs,
@@ -184,9 +184,9 @@ def score(args, cfg, policy, state, retriever, pairs):
     from omegaconf import OmegaConf
 
     from score_lightning.evaluation import pair_scoring as S
-    from score_lightning.step.rollouts import RolloutSettings
+    from score_lightning.step.rollouts import rollout_settings
 
-    settings = RolloutSettings.from_cfg(cfg)
+    settings = rollout_settings(cfg.solver, cfg.evaluator)
     source = instantiate(cfg.rubric, _convert_="all")
     qids = sorted({(p.query_id, p.query) for p in pairs})
     record = {"rubric": str(cfg.rubric.get("_target_")), "scoring": settings.scoring_protocol,

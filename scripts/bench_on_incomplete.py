@@ -13,7 +13,6 @@ and, among the groups whose evaluation was incomplete, those that still teach so
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -34,6 +33,8 @@ def main() -> int:
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. evaluator.scoring=joint")
     args = ap.parse_args()
 
+    from omegaconf import OmegaConf
+
     from score_lightning.launch.training import run
     from score_lightning.step.dynamic_sampling import informative_groups
     from score_lightning.step.reward_assembly import assemble_rewards
@@ -47,9 +48,9 @@ def main() -> int:
             rw = plain(ro)
             per = {}
             for rule in RULES:
-                settings = dataclasses.replace(module.reward_settings, on_incomplete=rule)
+                evaluator = OmegaConf.merge(module.cfg.evaluator, {"on_incomplete": rule})
                 alt = assemble_rewards(rw.answers, ro.scoring, ro.rubrics.per_query, module.harness_state, module.K,
-                                       settings, module.tokenizer)
+                                       evaluator, module.cfg.verifier, module.tokenizer)
                 per[rule] = informative_groups(alt, module.K)
                 counts[rule] += int(per[rule].sum())
             incomplete = rw.incomplete_groups

@@ -164,7 +164,7 @@ def worker_ours(a) -> None:
             ro = self.rollout(list(batch["prompt"]))
             t1 = time.perf_counter()
             rewards = torch.tensor([bc.reward_of_ids(self.tokenizer, t.response_ids) for t in ro.solver])
-            upd = solver_update(self.policy, self.ref, ro.solver, rewards, self.grpo_settings,
+            upd = solver_update(self.policy, self.ref, ro.solver, rewards, self.solver_objective.settings,
                                 self.tokenizer.pad_token_id, self.optimizer_hooks("solver", self.policy))
             for sch in self.lr_scheduler_list():
                 sch.step()

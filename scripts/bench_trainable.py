@@ -52,7 +52,8 @@ def worker(a) -> None:
     from score_lightning.rollout.chat import encode_chat
     from score_lightning.step.losses import group_advantages
     from score_lightning.rollout.trajectory import Trajectory
-    from score_lightning.step.solver_update import GRPOSettings, OptimizerHooks, solver_update
+    from score_lightning.step.rollout_correction import rollout_correction
+    from score_lightning.step.solver_update import OptimizerHooks, grpo_settings, solver_update
 
     bc.set_threads(a.threads)
     cfg = bc.compose(_overrides(a, a.mode))
@@ -80,7 +81,8 @@ def worker(a) -> None:
         opt.zero_grad(set_to_none=True)
         return 0.0, True
 
-    settings = GRPOSettings.from_cfg(cfg)
+    settings = grpo_settings(cfg.solver, cfg.optim, cfg.loss, cfg.reward,
+                             rollout_correction(cfg.optim, cfg.loss, cfg.rollout))
     settings = type(settings)(**{**settings.__dict__, "mini_batch_queries": a.prompts})
     hooks = OptimizerHooks(lambda loss: loss.backward(), step, torch.device("cpu"))
     batch = build_token_batch([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],

@@ -85,9 +85,9 @@ def main() -> int:
     from score_lightning.rollout.engine import SamplingParams
     from score_lightning.rollout.hf_engine import HFEngine, fast_forward_options
     from score_lightning.step.evaluations import group_evaluations
-    from score_lightning.step.reward_assembly import RewardSettings, parse_answers
+    from score_lightning.step.reward_assembly import parse_answers
     from score_lightning.rewards.rule import rule_quality
-    from score_lightning.step.rollouts import RolloutSettings, scoring_rollouts, solver_rollouts
+    from score_lightning.step.rollouts import rollout_settings, scoring_rollouts, solver_rollouts
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None,
@@ -120,7 +120,7 @@ def main() -> int:
     tok = load_tokenizer(args.model)
     model = load_policy(args.model, "float32").eval()
     retriever = retriever_from_config(cfg.retriever, cfg.paths.cache_dir)
-    settings = RolloutSettings.from_cfg(cfg)
+    settings = rollout_settings(cfg.solver, cfg.evaluator)
     rng = random.Random(args.seed)
     torch.manual_seed(args.seed)
     queries = [q.prompt for q in load_queries(cfg.data.get("queries_path"), cfg.data.get("split", "train"))]
@@ -152,7 +152,7 @@ def main() -> int:
     blocks = [slice(s, s + per) for s in range(0, args.groups, per)]
     trajs = [t for b in blocks for t in solver_rollouts(engine, tok, retriever, group_queries[b], rubrics[b], state,
                                                         settings)]
-    answers = parse_answers(trajs, tok, RewardSettings.from_cfg(cfg))  # a(r) under the config's rules (reward.citations)
+    answers = parse_answers(trajs, tok, cfg.reward)  # a(r) under the config's rules (reward.citations)
     K = settings.num_rollouts
     reports = [[a.answer if a.answer else None for a in answers[g * K:(g + 1) * K]] for g in range(args.groups)]  # as RL
     sources = [[t.retrieved_ids for t in trajs[g * K:(g + 1) * K]] for g in range(args.groups)]

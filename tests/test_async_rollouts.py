@@ -243,10 +243,11 @@ def test_async_combinations_are_refused_by_name():
 
 
 def test_auto_rollout_correction_turns_on_for_stale_hf_batches_only():
-    from score_lightning.step.rollout_correction import RolloutCorrection, resolve_mode
+    from score_lightning.step.rollout_correction import resolve_mode, rollout_correction
 
     def mode(*extra):
-        return RolloutCorrection.from_cfg(compose(["experiment=tiny_score", *extra])).mode
+        cfg = compose(["experiment=tiny_score", *extra])
+        return rollout_correction(cfg.optim, cfg.loss, cfg.rollout).mode
 
     assert mode() == "none"
     assert mode("rollout.mode=async") == "token_truncate"  # engine log-probs of an older policy version

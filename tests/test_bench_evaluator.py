@@ -169,7 +169,7 @@ def test_evaluator_scores_go_through_the_step_and_agree_across_protocols(tokeniz
 
     from score_lightning.evaluation.pair_scoring import evaluator_scores
     from score_lightning.rollout.scripted import ProtocolResponder, ScriptedEngine
-    from score_lightning.step.rollouts import RolloutSettings
+    from score_lightning.step.rollouts import rollout_settings
 
     state = HarnessState()
     rubric = fallback_rubric(state)
@@ -179,8 +179,8 @@ def test_evaluator_scores_go_through_the_step_and_agree_across_protocols(tokeniz
     for protocol in ("pointwise", "joint"):
         cfg = compose(["experiment=tiny_score", f"evaluator.scoring={protocol}", "evaluator.constrained_scoring=false"])
         engine = ScriptedEngine(tokenizer, ProtocolResponder())
-        out[protocol] = evaluator_scores(engine, tokenizer, bm25, pairs, rubrics, state, RolloutSettings.from_cfg(cfg),
-                                         batch=8)
+        out[protocol] = evaluator_scores(engine, tokenizer, bm25, pairs, rubrics, state,
+                                         rollout_settings(cfg.solver, cfg.evaluator), batch=8)
         assert out[protocol].failed == 0
     units = {(p.query_id, s.text, s.retrieved) for p in pairs for s in p.sides}
     assert out["pointwise"].judgements == len(units) and out["joint"].judgements == len(pairs)

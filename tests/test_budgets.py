@@ -85,7 +85,7 @@ def test_the_measured_bound_holds_for_real_scoring_prompts(qwen_tokenizer, llama
     import json
 
     from score_lightning.rollout.scripted import ScriptedEngine
-    from score_lightning.step.rollouts import RolloutSettings, scoring_rollouts
+    from score_lightning.step.rollouts import rollout_settings, scoring_rollouts
 
     passages = [json.loads(line)["contents"] for line in open(corpus_file, encoding="utf-8")]
     for tok in (qwen_tokenizer, llama_tokenizer):
@@ -97,7 +97,7 @@ def test_the_measured_bound_holds_for_real_scoring_prompts(qwen_tokenizer, llama
                        for i in range(3)]
             trajs = scoring_rollouts(ScriptedEngine(tok, lambda req: "</report_evaluations>"), tok, None,
                                      [longest_query(cfg, tok)] * 3, reports, [widest_rubric(cfg, state)] * 3, state,
-                                     RolloutSettings.from_cfg(cfg))
+                                     rollout_settings(cfg.solver, cfg.evaluator))
             longest = max(len(t.prompt_ids) for t in trajs)
             assert b.prompt_tokens - 8 * 8 <= longest <= b.prompt_tokens, (per_report, longest, b.prompt_tokens)
 

@@ -54,12 +54,13 @@ def test_the_block_sits_under_each_report_of_the_scoring_prompt():
 
 def test_report_citations_read_the_corpus_cut_to_passage_tokens_or_the_searches_texts(tokenizer, bm25):
     from score_lightning.rollout.chat import truncate_text
-    from score_lightning.step.rollouts import RolloutSettings, report_citations
+    from score_lightning.step.rollouts import report_citations, rollout_settings
 
     from helpers import FAST, compose
 
-    settings = RolloutSettings.from_cfg(compose(FAST + ["evaluator.show_passages=true", "evaluator.passage_tokens=12",
-                                                        "evaluator.max_cited_passages=2"]))
+    cfg = compose(FAST + ["evaluator.show_passages=true", "evaluator.passage_tokens=12",
+                          "evaluator.max_cited_passages=2"])
+    settings = rollout_settings(cfg.solver, cfg.evaluator)
     doc = next(d for d in bm25.docs if d.id == "json.dumps")
     report = "Use json.dumps [json.dumps] or [os.path.join], and [no.such.id]."
     got = report_citations(tokenizer, bm25, [report, "(no report)"], [["json.dumps"], []], None, settings)
@@ -107,12 +108,12 @@ def test_a_step_scores_each_report_beside_its_cited_passages(tokenizer, bm25):
     """``scoring_rollouts`` under ``evaluator.show_passages``: the prompt the evaluator read holds the passage of
     the grounded citation and marks the one its searches never returned."""
     from score_lightning.sft.context import ScriptEngine
-    from score_lightning.step.rollouts import RolloutSettings, scoring_rollouts
+    from score_lightning.step.rollouts import rollout_settings, scoring_rollouts
 
     from helpers import FAST, compose
 
-    settings = RolloutSettings.from_cfg(compose(FAST + ["evaluator.show_passages=true", "evaluator.scoring=joint",
-                                                        "evaluator.max_tool_calls=0"]))
+    cfg = compose(FAST + ["evaluator.show_passages=true", "evaluator.scoring=joint", "evaluator.max_tool_calls=0"])
+    settings = rollout_settings(cfg.solver, cfg.evaluator)
     reports = [["json.dumps writes JSON [json.dumps].", "It joins paths [os.path.join]."]]
     evaluation = ('<report_evaluations><report id="1"><scores><score dim="factual_support" value="8"/>'
                   '<score dim="clarity" value="7"/></scores></report></report_evaluations>')

@@ -127,9 +127,10 @@ def test_packaged_cold_start_scores_every_report_pointwise_on_the_cli(tmp_path, 
 def test_free_text_caps_come_from_the_config_and_are_validated(tokenizer):
     from helpers import FAST, compose
     from score_lightning.launch.config_validation import ConfigError, validate_config
-    from score_lightning.step.rollouts import RolloutSettings
+    from score_lightning.step.rollouts import rollout_settings
 
-    settings = RolloutSettings.from_cfg(compose(FAST))
+    cfg = compose(FAST)
+    settings = rollout_settings(cfg.solver, cfg.evaluator)
     assert settings.constrained_scoring and settings.constrained_max_chars["section"] == 120  # tiny_score's caps
     added = text_added_tokens(tokenizer)
     c = ScoringConstraint(DIMS, 2, added_tokens=added, max_chars={"section": 12})
@@ -177,11 +178,11 @@ def test_pointwise_scoring_under_the_grammar_parses_every_report(tiny_ckpt, toke
     from score_lightning.harness.state import HarnessState
     from score_lightning.policy.models import load_policy
     from score_lightning.step.evaluations import group_evaluations
-    from score_lightning.step.rollouts import RolloutSettings, scoring_rollouts
+    from score_lightning.step.rollouts import rollout_settings, scoring_rollouts
 
     cfg = compose(FAST + ["evaluator.scoring=pointwise", "evaluator.constrained_scoring=true", "solver.num_rollouts=3",
                           "evaluator.max_response_tokens=700", "evaluator.show_retrieved=true"])
-    settings = RolloutSettings.from_cfg(cfg)
+    settings = rollout_settings(cfg.solver, cfg.evaluator)
     torch.manual_seed(0)
     model = load_policy(tiny_ckpt)
     engine = HFEngine(lambda: model, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer)

@@ -200,7 +200,7 @@ def test_dropped_rows_count_nowhere_in_the_token_mean():
 
     lm = LM()
     trajs = [Trajectory([1, 2], [3 + k, 4, 5 + k], [1, 1, 1]) for k in range(4)]
-    settings = GRPOSettings(4, 1.0, 1, 4, 1, 0.2, 0.2, 0.0, 10.0, 0.0, True, 1e-6)
+    settings = GRPOSettings(4, 1.0, 1, 4, 1, 0.2, 0.2, 0.0, 10.0, 0.0, 1e-6)
     grads = []
     hooks = OptimizerHooks(lambda loss: grads.append(torch.autograd.grad(loss, list(lm.parameters()))),
                            lambda: (0.0, True), torch.device("cpu"))

@@ -285,18 +285,17 @@ def test_unverified_scoring_for_20_refreshes_keeps_tau_fixed_and_the_minimum_wit
     from hydra.utils import instantiate
 
     from helpers import compose
-    from score_lightning.step.reward_assembly import RewardSettings, effective_tau
+    from score_lightning.step.reward_assembly import verifier_tau
 
     cfg = compose(["experiment=tiny_score", f"verifier.tau_from_harness={str(coupled).lower()}"])
     harness = instantiate(cfg.harness.backend)
     cap = int(cfg.evaluator.max_tool_calls)
     assert harness.max_tool_calls == cap  # the config ties the harness's cap to the evaluator's search budget
-    settings = RewardSettings.from_cfg(cfg)
     state = HarnessState.from_dict(OmegaConf.to_container(cfg.harness.initial_state, resolve=True))
     taus, minimums = [], []
     for _ in range(20):
         state = harness.update(state, {**HEALTHY, "verified_rate": 0.0})
-        taus.append(effective_tau(settings.min_search_depth, state, settings.tau_from_harness))
+        taus.append(verifier_tau(cfg.verifier, state))
         minimums.append(state.process_constraints.min_number_of_tool_call)
     assert max(minimums) == cap and all(0 <= m <= cap for m in minimums)
     assert state.process_constraints.require_verification

@@ -320,7 +320,7 @@ def test_each_process_configures_its_share_of_the_run_limits(monkeypatch, mode, 
     monkeypatch.setattr(L, "_SHARED", shared)
     cfg = OmegaConf.create({"rollout": {"mode": mode}, "judge": {"max_concurrency": 5, "requests_per_minute": 100,
                                                                  "queue_timeout_s": 12.0}})
-    configure_limits(cfg, rank, world, worker=worker)
+    configure_limits(cfg.judge, cfg.rollout, rank, world, worker=worker)
     assert (shared.max_concurrency, shared.requests_per_minute, shared.queue_timeout_s) == (*expect, 12.0)
 
 
@@ -336,7 +336,7 @@ def test_a_share_raised_to_one_is_said_at_the_first_call_only(monkeypatch, caplo
     cfg = OmegaConf.create({"rollout": {"mode": "sync"}, "judge": {"max_concurrency": 1, "requests_per_minute": 0,
                                                                    "queue_timeout_s": 5.0}})
     with caplog.at_level("WARNING", logger="score_lightning.clients.limiter"):
-        configure_limits(cfg, 1, 2)
+        configure_limits(cfg.judge, cfg.rollout, 1, 2)
         assert shared.max_concurrency == 1 and caplog.records == []  # nothing said before a call
         for _ in range(2):
             with shared.slot():

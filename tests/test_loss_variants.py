@@ -16,10 +16,10 @@ import time
 import pytest
 import torch
 
-from helpers import ROOT, compose, read_scalars
+from helpers import ROOT, compose, read_scalars, refusal
 from score_lightning.registry import Registry
 from score_lightning.step.loss_registry import (NORMALISERS, POLICY_LOSSES, REWARD_SCALINGS, PolicyLoss, loss_scale,
-                                                policy_loss, resolve_scale_rewards, scaled_advantages)
+                                                policy_loss, scaled_advantages)
 from score_lightning.step.loss_variants import (cispo_surrogate, gspo_surrogate, overlong_penalty, ppo_clip_surrogate,
                                                 sequence_log_ratio)
 from score_lightning.step.losses import grpo_token_loss
@@ -257,14 +257,6 @@ def test_scale_rewards_by_hand():
                  tol=1e-5)
 
 
-def test_scale_rewards_and_the_deprecated_norm_adv_by_std():
-    assert resolve_scale_rewards("group", None) == "group" and resolve_scale_rewards("batch", True) == "batch"
-    assert resolve_scale_rewards("group", False) == "none" and resolve_scale_rewards("none", False) == "none"
-    for scale, norm in (("batch", False), ("none", True)):
-        with pytest.raises(ValueError, match="contradicts"):
-            resolve_scale_rewards(scale, norm)
-
-
 def test_overlong_penalty_by_hand():
     lengths = torch.tensor([10, 15, 17, 19, 20, 25])
     # cap 20, buffer 5: 0 up to 15 tokens, then -(len - 15) / 5, -1 at the cap and beyond
@@ -298,7 +290,7 @@ def _update(loss_type: str, trajs, rewards, k: int = 4, **extra):
     from score_lightning.step.solver_update import GRPOSettings, OptimizerHooks, solver_update
 
     lm = _LM()
-    settings = GRPOSettings(k, 1.0, 1, 2, 1, 0.2, 0.2, 0.0, 10.0, 0.0, True, 1e-6, loss_type=loss_type,
+    settings = GRPOSettings(k, 1.0, 1, 2, 1, 0.2, 0.2, 0.0, 10.0, 0.0, 1e-6, loss_type=loss_type,
                             **{"max_response_tokens": 8, **extra})
     grads, steps = [], []
 
@@ -413,16 +405,16 @@ def test_dr_grpo_under_mams_divides_by_trajectories_times_the_whole_trajectorys_
     """Dr. GRPO's sequence under MaMs is the trajectory: its constant is (trajectories) x (the most tokens its role
     calls can generate), not solver.max_response_tokens (which no MaMs trajectory obeys) and not per role call."""
     from score_lightning.step.batching import build_token_batch, policy_logprobs
-    from score_lightning.step.solver_update import GRPOSettings
+    from score_lightning.step.solver_update import trajectory_cap
 
     cfg = compose(["experiment=mams_tiny", "optim.loss_type=dr_grpo", "solver.max_tool_calls=2",
                    "solver.max_response_tokens=256", "solver.mams.search_tokens=40", "solver.mams.state_tokens=100",
                    "solver.mams.report_tokens=150", "solver.mams.chunk_tokens=64",
                    "solver.mams.max_observation_tokens=130"])
     # a turn: 40 search + ceil(130 / 64) = 3 state calls x 100 + 150 report = 490 tokens; 2 turns = 980
-    assert GRPOSettings.from_cfg(cfg).max_response_tokens == 980
+    assert _settings(cfg).max_response_tokens == trajectory_cap(cfg.solver) == 980
     react = compose(["experiment=tiny_score", "optim.loss_type=dr_grpo", "solver.max_response_tokens=256"])
-    assert GRPOSettings.from_cfg(react).max_response_tokens == 256
+    assert _settings(react).max_response_tokens == 256
     trajs = _mams_trajs()
     lm, res, steps = _update("dr_grpo", trajs, torch.tensor([1.0, 0.0, 2.0, 0.5]), max_response_tokens=980)
     rows = [r for t in trajs for r in t.rows()]
@@ -458,30 +450,33 @@ def test_gspo_under_mams_is_refused_by_name():
 def test_unknown_values_and_what_does_not_apply_are_refused_by_name():
     from score_lightning.launch.config_validation import ConfigError, validate_config
 
-    with pytest.raises(ConfigError) as err:
-        validate_config(compose(["experiment=tiny_score", "optim.loss_type=ppo", "optim.scale_rewards=rank",
-                                 "optim.clip_ratio_low=1.5", "solver.mask_truncated=maybe"]))
-    msg = str(err.value)
+    msg = refusal(["experiment=tiny_score", "optim.loss_type=ppo", "optim.scale_rewards=rank",
+                   "optim.clip_ratio_low=1.5", "solver.mask_truncated=maybe"])
     assert f"optim.loss_type='ppo': allowed {BUILT_IN}" in msg  # the registry's names
     assert "optim.scale_rewards='rank': allowed batch, group, none" in msg
-    assert "optim.clip_ratio_low=1.5" in msg and "solver.mask_truncated='maybe'" in msg
+    assert "optim.clip_ratio_low=1.5" in msg and "solver.mask_truncated=maybe: allowed true or false" in msg
     with pytest.raises(ConfigError) as err:
         validate_config(compose(["experiment=tiny_score", "reward.overlong.enabled=true", "solver.agent=mams",
-                                 "reward.overlong.buffer_len=100000", "loss.norm_adv_by_std=false",
-                                 "optim.scale_rewards=batch"]))
+                                 "reward.overlong.buffer_len=100000", "optim.scale_rewards=batch"]))
     msg = str(err.value)
     assert "reward.overlong.enabled=true with solver.agent=mams" in msg
     assert "reward.overlong.buffer_len=100000: allowed null or an integer in [1, solver.max_response_tokens=" in msg
-    assert "loss.norm_adv_by_std=false contradicts optim.scale_rewards=batch" in msg
 
 
-def test_the_new_keys_default_from_the_old_ones():
-    from score_lightning.step.solver_update import GRPOSettings
+def _settings(cfg):
+    from score_lightning.step.rollout_correction import rollout_correction
+    from score_lightning.step.solver_update import grpo_settings
 
-    s = GRPOSettings.from_cfg(compose(["experiment=tiny_score", "loss.clip_ratio_high=0.28", "loss.norm_adv_by_std=false"]))
+    correction = rollout_correction(cfg.optim, cfg.loss, cfg.rollout)
+    return grpo_settings(cfg.solver, cfg.optim, cfg.loss, cfg.reward, correction)
+
+
+def test_the_clip_and_the_scale_are_read_from_optim_only():
+    s = _settings(compose(["experiment=tiny_score", "optim.clip_ratio_high=0.28", "optim.scale_rewards=none"]))
     assert (s.clip_low, s.clip_high, s.scale_rewards, s.loss_type) == (0.2, 0.28, "none", "grpo")
-    s = GRPOSettings.from_cfg(compose(["experiment=tiny_score", "optim.clip_ratio_high=0.28", "optim.loss_type=gspo",
-                                       "reward.overlong.enabled=true", "solver.mask_truncated=true"]))
+    assert "clip_ratio_high" not in compose(["experiment=tiny_score"]).loss  # the old alias is gone from loss
+    s = _settings(compose(["experiment=tiny_score", "optim.clip_ratio_high=0.28", "optim.loss_type=gspo",
+                           "reward.overlong.enabled=true", "solver.mask_truncated=true"]))
     assert (s.clip_high, s.loss_type, s.mask_truncated, s.overlong.buffer_len) == (0.28, "gspo", True, 384 // 5)
 
 

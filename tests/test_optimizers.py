@@ -15,8 +15,9 @@ from helpers import compose
 from score_lightning.step.batching import build_token_batch, policy_logprobs
 from score_lightning.step.optimizers import build_optimizers, loss_alpha, warmup_factor
 from score_lightning.roles.rubric import Rubric
-from score_lightning.step.evaluator_update import ReinforceSettings, evaluator_update
+from score_lightning.step.evaluator_update import evaluator_update, reinforce_settings
 from score_lightning.step.faults import guarded_step
+from score_lightning.step.rollout_correction import rollout_correction
 from score_lightning.step.solver_update import OptimizerHooks
 from score_lightning.step.types import RubricSample
 
@@ -26,6 +27,10 @@ RUBRIC_XML = '<dimensions><dim name="factual_support" weight="0.50"/><dim name="
 def _cfg(*extra: str):
     # warmup off and a large lr: the step is ~1e-3 per weight, far above float32 rounding of the difference
     return compose(["experiment=tiny_score", "optim.lr=1e-3", "optim.warmup_steps=0", "loss.kl_coef=0", *extra])
+
+
+def _build(cfg, policy, evaluator_policy=None):
+    return build_optimizers(cfg.optim, cfg.evaluator, policy, evaluator_policy)
 
 
 def _sample(tok) -> RubricSample:
@@ -42,7 +47,9 @@ def _evaluator_step(cfg, policy, tok, built, advantage: float = 0.7) -> dict[str
     """One REINFORCE step through the evaluator's optimiser; returns each parameter's change."""
     params = [p for p in policy.parameters() if p.requires_grad]
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
-    evaluator_update(policy, None, [_sample(tok)], [advantage], ReinforceSettings.from_cfg(cfg), tok.pad_token_id,
+    settings = reinforce_settings(cfg.evaluator, cfg.loss, cfg.actor, rollout_correction(cfg.optim, cfg.loss,
+                                                                                          cfg.rollout))
+    evaluator_update(policy, None, [_sample(tok)], [advantage], settings, tok.pad_token_id,
                      _hooks(built.optimizers[built.evaluator], params))
     return {n: p.detach() - before[n] for n, p in policy.named_parameters()}
 
@@ -65,7 +72,7 @@ def test_a_reinforce_step_leaves_the_solver_adam_moments_unchanged(tiny_ckpt, to
 
     cfg = _cfg()
     policy = load_policy(tiny_ckpt)
-    built = build_optimizers(cfg, policy)
+    built = _build(cfg, policy)
     assert built.evaluator != built.solver and len(built.optimizers) == 2
     assert built.optimizers[built.evaluator].param_groups[0]["lr"] == pytest.approx(1e-3)  # alpha 1
     assert built.optimizers[built.evaluator].param_groups[0]["weight_decay"] == 0.0  # the solver's decays them
@@ -82,7 +89,7 @@ def test_a_reinforce_step_leaves_the_solver_adam_moments_unchanged(tiny_ckpt, to
     # contrast: through the solver's AdamW state (evaluator.optimizer=shared) its moments do move
     cfg = _cfg("evaluator.optimizer=shared")
     policy = load_policy(tiny_ckpt)
-    built = build_optimizers(cfg, policy)
+    built = _build(cfg, policy)
     assert built.evaluator == built.solver and len(built.optimizers) == 1
     _solver_step(policy, tokenizer, built)
     before = _moments(built.optimizers[built.solver])
@@ -95,7 +102,7 @@ def _first_step_change(tiny_ckpt, tok, *extra: str) -> torch.Tensor:
 
     cfg = _cfg(*extra)
     policy = load_policy(tiny_ckpt)
-    delta = _evaluator_step(cfg, policy, tok, build_optimizers(cfg, policy))
+    delta = _evaluator_step(cfg, policy, tok, _build(cfg, policy))
     return torch.cat([d.flatten() for d in delta.values()])
 
 
@@ -111,9 +118,13 @@ def test_doubling_alpha_doubles_the_first_evaluator_step(tiny_ckpt, tokenizer):
 
 
 def test_alpha_enters_the_loss_only_with_the_shared_optimiser():
-    assert loss_alpha(compose(["evaluator.alpha=3"])) == 1.0
-    assert loss_alpha(compose(["evaluator.alpha=3", "evaluator.optimizer=shared"])) == 3.0
-    assert loss_alpha(compose(["evaluator.alpha=3", "actor.shared=false"])) == 1.0
+    def alpha(*overrides: str) -> float:
+        cfg = compose(["evaluator.alpha=3", *overrides])
+        return loss_alpha(cfg.evaluator, cfg.actor)
+
+    assert alpha() == 1.0
+    assert alpha("evaluator.optimizer=shared") == 3.0
+    assert alpha("actor.shared=false") == 1.0
 
 
 def test_separate_evaluator_and_frozen_solver_get_the_right_optimisers(tiny_ckpt):
@@ -121,28 +132,27 @@ def test_separate_evaluator_and_frozen_solver_get_the_right_optimisers(tiny_ckpt
 
     cfg = compose(["actor.shared=false", "evaluator.alpha=0.5", "optim.weight_decay=0.01"])
     policy, judge = load_policy(tiny_ckpt), load_policy(tiny_ckpt)
-    built = build_optimizers(cfg, policy, judge)
+    built = _build(cfg, policy, judge)
     solver, evaluator = built.optimizers[built.solver], built.optimizers[built.evaluator]
     assert evaluator.param_groups[0]["initial_lr"] == pytest.approx(0.5 * cfg.optim.lr)  # before the warmup factor
     assert evaluator.param_groups[0]["weight_decay"] == 0.01  # its own weights: its own decay
     assert {id(p) for p in evaluator.param_groups[0]["params"]}.isdisjoint(
         {id(p) for p in solver.param_groups[0]["params"]})
     policy.requires_grad_(False)  # solver.freeze
-    built = build_optimizers(cfg, policy, judge)
+    built = _build(cfg, policy, judge)
     assert built.solver is None and built.evaluator == 0 and len(built.optimizers) == 1
-    built = build_optimizers(compose(["evaluator.enabled=false"]), load_policy(tiny_ckpt))
+    built = _build(compose(["evaluator.enabled=false"]), load_policy(tiny_ckpt))
     assert built.evaluator is None and len(built.optimizers) == 1
 
 
 def test_warmup_schedules_by_hand():
     paper = compose(["experiment=qwen_score"])
-    steps = warmup_factor(paper.optim, paper.trainer.max_steps)
+    steps = warmup_factor(paper.optim)
     assert [steps(s) for s in range(7)] == pytest.approx([0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.0])  # verl, 5 steps from 0
     start = compose(["optim.warmup_steps=4", "optim.warmup_start_ratio=0.2"])
-    f = warmup_factor(start.optim, start.trainer.max_steps)
+    f = warmup_factor(start.optim)
     assert [f(s) for s in range(5)] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
-    # verl's lr_warmup_steps_ratio: int(0.05 * 100) = 5 steps from lr 0, whatever warmup_steps says
-    ratio = compose(["optim.warmup_ratio=0.05", "trainer.max_steps=100", "optim.warmup_steps=2"])
-    f = warmup_factor(ratio.optim, ratio.trainer.max_steps)
-    assert [f(s) for s in range(6)] == pytest.approx([0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
-    assert warmup_factor(compose(["optim.warmup_steps=0"]).optim, 10)(0) == 1.0
+    # the schedule is optim.warmup_steps and optim.warmup_start_ratio alone: the run's length changes nothing
+    longer = compose(["optim.warmup_steps=4", "optim.warmup_start_ratio=0.2", "trainer.max_steps=1000"])
+    assert [warmup_factor(longer.optim)(s) for s in range(5)] == [f(s) for s in range(5)]
+    assert warmup_factor(compose(["optim.warmup_steps=0"]).optim)(0) == 1.0

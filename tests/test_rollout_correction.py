@@ -15,7 +15,7 @@ import torch
 from helpers import FAST, compose
 from score_lightning.step.losses import grpo_token_loss
 from score_lightning.step.rollout_correction import (RolloutCorrection, behaviour_logprobs, importance_weights,
-                                                     mismatch_sums, resolve_mode, weight_sums)
+                                                     mismatch_sums, resolve_mode, rollout_correction, weight_sums)
 
 L2, L4 = math.log(2.0), math.log(4.0)
 
@@ -149,9 +149,10 @@ def test_auto_follows_the_engine():
     assert resolve_mode("sequence_mask", "hf") == "sequence_mask"
     with pytest.raises(ValueError):
         resolve_mode("tis", "vllm")
-    vllm = RolloutCorrection.from_cfg(compose(["experiment=qwen_score"]))
+    qwen, tiny = compose(["experiment=qwen_score"]), compose(FAST)
+    vllm = rollout_correction(qwen.optim, qwen.loss, qwen.rollout)
     assert vllm == RolloutCorrection("token_truncate", None, 3.0, False)
-    assert not RolloutCorrection.from_cfg(compose(FAST)).active  # tiny_score: rollout=hf
+    assert not rollout_correction(tiny.optim, tiny.loss, tiny.rollout).active  # tiny_score: rollout=hf
     assert vllm.outside_tag("rollout") == "rollout/is_clipped_frac"
     assert RolloutCorrection("token_mask").outside_tag("evaluator") == "evaluator/is_masked_frac"
 

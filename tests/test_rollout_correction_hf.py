@@ -107,10 +107,12 @@ def _grads(model) -> torch.Tensor:
 
 def _solver_grad(tiny_ckpt, tok, mode: str, shift: list[float]) -> torch.Tensor:
     from score_lightning.policy.models import load_policy
-    from score_lightning.step.solver_update import GRPOSettings, OptimizerHooks, solver_update
+    from score_lightning.step.rollout_correction import rollout_correction
+    from score_lightning.step.solver_update import OptimizerHooks, grpo_settings, solver_update
 
     cfg = compose(FAST + [f"optim.rollout_correction={mode}", "loss.kl_coef=0", "solver.temperature=0.8"])
-    settings = GRPOSettings.from_cfg(cfg)
+    settings = grpo_settings(cfg.solver, cfg.optim, cfg.loss, cfg.reward,
+                             rollout_correction(cfg.optim, cfg.loss, cfg.rollout))
     model = load_policy(tiny_ckpt, "float32")
     rows = _rows(tok, 2, seed=0)
     lps = _engine_logprobs(model, rows, 0.8, shift)
@@ -147,12 +149,15 @@ def test_solver_update_ignores_engine_log_probs_that_agree(tiny_ckpt, tokenizer)
 def test_evaluator_update_weights_the_rubric_tokens(tiny_ckpt, tokenizer, mode, factor):
     from score_lightning.policy.models import load_policy
     from score_lightning.roles.rubric import Rubric
-    from score_lightning.step.evaluator_update import ReinforceSettings, evaluator_update
+    from score_lightning.step.evaluator_update import evaluator_update, reinforce_settings
+    from score_lightning.step.rollout_correction import rollout_correction
     from score_lightning.step.solver_update import OptimizerHooks
     from score_lightning.step.types import RubricSample
 
     def grad(m: str, shift: float) -> tuple[torch.Tensor, dict]:
-        settings = ReinforceSettings.from_cfg(compose(FAST + [f"optim.rollout_correction={m}", "loss.kl_coef=0"]))
+        cfg = compose(FAST + [f"optim.rollout_correction={m}", "loss.kl_coef=0"])
+        settings = reinforce_settings(cfg.evaluator, cfg.loss, cfg.actor,
+                                      rollout_correction(cfg.optim, cfg.loss, cfg.rollout))
         model = load_policy(tiny_ckpt, "float32")
         (p, r, mask), = _rows(tokenizer, 1, seed=1)
         (lps,) = _engine_logprobs(model, [(p, r, mask)], settings.temperature, [shift])

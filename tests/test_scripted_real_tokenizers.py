@@ -11,6 +11,7 @@ same as with the tiny tokenizer.
 from __future__ import annotations
 
 import pytest
+from omegaconf import OmegaConf
 
 from score_lightning import protocol as P
 from score_lightning.harness.scheduler import DimensionScheduler
@@ -22,7 +23,7 @@ from score_lightning.roles.evaluation import parse_evaluation
 from score_lightning.roles.rubric import parse_rubric
 from score_lightning.rollout.agent import AgentConfig
 from score_lightning.rollout.scripted import ProtocolResponder, ScriptedEngine, ScriptRequest
-from score_lightning.step.reward_assembly import RewardSettings, assemble_rewards, parse_answers
+from score_lightning.step.reward_assembly import assemble_rewards, parse_answers
 from score_lightning.step.rollouts import RolloutSettings, scoring_rollouts, solver_rollouts
 from score_lightning.step.rubric_stage import RubricSampling, sample_step_rubric
 
@@ -34,7 +35,11 @@ SETTINGS = RolloutSettings(
     solver=AgentConfig(max_tool_calls=2, max_response_tokens=2048, max_observation_tokens=512, finish_tag=P.ANSWER_CLOSE),
     scoring=AgentConfig(max_tool_calls=1, max_response_tokens=2048, max_observation_tokens=512, finish_tag=P.EVALS_CLOSE),
     max_report_tokens=1024)
-REWARD = RewardSettings(require_citation=True, min_answer_chars=20, verifier_enabled=True, min_search_depth=1)
+# the reward, evaluator and verifier nodes as the step reads them (a required citation, joint scoring, tau 1)
+REWARD = OmegaConf.create({"require_citation": True, "min_answer_chars": 20, "citations": "any"})
+EVALUATOR = OmegaConf.create({"source": "policy", "scoring": "joint", "score_readout": "sampled",
+                              "on_incomplete": "validity"})
+VERIFIER = OmegaConf.create({"enabled": True, "min_search_depth": 1, "tau_from_harness": False, "zero": "reward"})
 RUBRIC = RubricSampling(max_tokens=512, temperature=1.0, max_prompt_tokens=4096, max_queries=8)
 
 
@@ -98,7 +103,7 @@ def _step(tok, suffix: str = "") -> dict:
     answers = parse_answers(solver, tok, REWARD)
     reports = [[a.answer if a.answer else None for a in answers[i:i + K]] for i in range(0, len(answers), K)]
     scoring = scoring_rollouts(engine, tok, retriever, QUERIES, reports, rubrics, state, SETTINGS)
-    rw = assemble_rewards(answers, scoring, rubrics, state, K, REWARD, tok)
+    rw = assemble_rewards(answers, scoring, rubrics, state, K, EVALUATOR, VERIFIER, tok)
     span = tok.decode([t for t, m in zip(sample.response_ids, sample.train_mask) if m])
     trajs = solver + scoring
     return {

@@ -95,11 +95,13 @@ def test_solver_update_with_packed_prompts_makes_the_same_update():
     ``optim.share_prompt_forward``: the same loss sums and the same new weights."""
     from helpers import compose
     from score_lightning.rollout.trajectory import Trajectory
-    from score_lightning.step.solver_update import GRPOSettings, OptimizerHooks, solver_update
+    from score_lightning.step.rollout_correction import rollout_correction
+    from score_lightning.step.solver_update import GRPOSettings, OptimizerHooks, grpo_settings, solver_update
 
     cfg = compose(["experiment=tiny_score", "optim.share_prompt_forward=true", "solver.num_rollouts=3",
                    "optim.mini_batch_size=2", "optim.micro_batch_size=3", "loss.kl_coef=0.05"])
-    settings = GRPOSettings.from_cfg(cfg)
+    settings = grpo_settings(cfg.solver, cfg.optim, cfg.loss, cfg.reward,
+                             rollout_correction(cfg.optim, cfg.loss, cfg.rollout))
     assert settings.share_prompt
     batch = _batch()
     order = [0, 2, 4, 1, 3]  # query-major: p1's three rows, then p2's two, plus one more p2 row below

@@ -93,10 +93,11 @@ def test_each_generating_stage_starts_with_empty_stores(monkeypatch):
     monkeypatch.setattr(generation, "scoring_rollouts", scoring)
     monkeypatch.setattr(generation, "parse_answers", lambda *a: answers)
     monkeypatch.setattr(generation, "assemble_rewards", lambda *a: "rewards")
-    cfg = SimpleNamespace(solver=SimpleNamespace(topk=2, num_rollouts=2), reward={},
-                          evaluator=SimpleNamespace(max_prompt_tokens=1024, temperature=1.0))
+    cfg = SimpleNamespace(solver=SimpleNamespace(topk=2, num_rollouts=2), verifier=None,
+                          reward=SimpleNamespace(source="evaluator", citation_judge=SimpleNamespace(enabled=False)),
+                          evaluator=SimpleNamespace(max_prompt_tokens=1024, temperature=1.0, source="policy"))
     state = HarnessState()
-    host = Generator(cfg, None, Source(), None, SimpleNamespace(source="evaluator", evaluator_source="policy"), None,
+    host = Generator(cfg, None, Source(), SimpleNamespace(show_passages=False),
                      RunAccess(lambda: state, lambda: None, lambda: 0, lambda: None))
     host.engine = host.evaluator_engine = engine
     ro = host.rollout([QUERY])

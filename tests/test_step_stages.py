@@ -21,7 +21,7 @@ from score_lightning.roles.rubric import Rubric
 from score_lightning.rollout.engine import SamplingParams
 from score_lightning.rollout.scripted import ProtocolResponder, ScriptedEngine, ScriptRequest
 from score_lightning.step import evaluator_reward as ER
-from score_lightning.step.reward_assembly import RewardSettings, combine, effective_tau, meets_process_rules
+from score_lightning.step.reward_assembly import combine, effective_tau, meets_process_rules
 from score_lightning.step.rollouts import initial_evidence
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_update import GRPOSettings
@@ -33,10 +33,11 @@ def _state(**pc) -> HarnessState:
     return HarnessState.from_dict({"process_constraints": pc})
 
 
-def _settings(**kw) -> RewardSettings:
-    base = dict(require_citation=False, min_answer_chars=5, verifier_enabled=True, min_search_depth=1, zero="reward")
-    base.update(kw)
-    return RewardSettings(**base)
+def _verifier(**kw):
+    """A ``verifier`` node: what ``combine`` reads of it."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({"enabled": True, "min_search_depth": 1, "tau_from_harness": False, "zero": "reward", **kw})
 
 
 ANSWERS = [parse_answer("<answer>First report [a]. Conclusion: yes.</answer>"),
@@ -53,12 +54,12 @@ def test_effective_tau_is_fixed_unless_coupled_to_the_harness():
 def test_combine_by_hand_both_verifier_modes():
     rows = [torch.tensor([[1.0, 0.5], [0.5, 0.0], [1.0, 1.0]])]
     # report 1 verified (depth 2 >= tau 2); reports 2 and 3 not (depth 1)
-    rw = combine(ANSWERS, rows, [RUB], [2, 1, 1], [True] * 3, [True], 2, _settings())
+    rw = combine(ANSWERS, rows, [RUB], [2, 1, 1], [True] * 3, [True], 2, _verifier())
     # R1 = 1 + 0.6 + 0.2 = 1.8; R2 unverified -> 0 (Algorithm 1, line 23); R3 invalid -> 0
     assert rw.rewards.tolist() == pytest.approx([1.8, 0.0, 0.0])
-    rw = combine(ANSWERS, rows, [RUB], [2, 1, 1], [True] * 3, [True], 2, _settings(zero="scores"))
+    rw = combine(ANSWERS, rows, [RUB], [2, 1, 1], [True] * 3, [True], 2, _verifier(zero="scores"))
     assert rw.rewards.tolist() == pytest.approx([1.8, 1.0, 0.0])  # R2 keeps a(r) = 1
-    rw = combine(ANSWERS, rows, [RUB], [2, 1, 1], [True] * 3, [True], 2, _settings(verifier_enabled=False))
+    rw = combine(ANSWERS, rows, [RUB], [2, 1, 1], [True] * 3, [True], 2, _verifier(enabled=False))
     assert rw.rewards.tolist() == pytest.approx([1.8, 1.3, 0.0])  # the "no verifier" ablation
 
 
@@ -71,7 +72,7 @@ def test_per_query_item_rubrics_binary_and_penalties_by_hand():
     flawed = Rubric(("i1", "i2"), (1.0, -0.5), ("explains", "invents a function"))
     assert rubric_part(torch.tensor([[0.8, 0.4], [0.1, 1.0]]), flawed).tolist() == pytest.approx([0.6, 0.0])
     two = [torch.tensor([[1.0, 0.5], [0.5, 0.0], [1.0, 1.0]]), torch.tensor([[0.6, 0.4], [0.2, 0.9], [1.0, 1.0]])]
-    rw = combine(ANSWERS + ANSWERS, two, [RUB, binary], [1] * 6, [True] * 6, [True, True], 1, _settings())
+    rw = combine(ANSWERS + ANSWERS, two, [RUB, binary], [1] * 6, [True] * 6, [True, True], 1, _verifier())
     assert rw.rewards.tolist() == pytest.approx([1.8, 1.3, 0.0, 1.75, 1.25, 0.0])
 
 
@@ -125,7 +126,7 @@ def test_valid_conclusion_groups_keep_only_valid_reports():
 
 
 def test_global_mini_batches_are_strided_and_rank_invariant():
-    s = GRPOSettings(2, 1.0, 2, 4, 1, 0.2, 0.2, 0.0, 10.0, 0.0, True, 1e-6)
+    s = GRPOSettings(2, 1.0, 2, 4, 1, 0.2, 0.2, 0.0, 10.0, 0.0, 1e-6)
     one = s.mini_batches(4, world=1)  # queries 0..3 -> mini-batches {0, 2} and {1, 3}
     assert one == [[0, 1, 4, 5], [2, 3, 6, 7]]
     # two ranks, each with 2 of the 4 queries: rank r's local query i is global query 2r + i
@@ -134,7 +135,7 @@ def test_global_mini_batches_are_strided_and_rank_invariant():
     glob = [sorted({2 * r + row // 2 for r in (0, 1) for row in rows}) for rows in two]
     assert glob == [[0, 2], [1, 3]] == [sorted({row // 2 for row in rows}) for rows in one]
     with pytest.raises(ValueError, match="divisible"):
-        GRPOSettings(2, 1.0, 3, 4, 1, 0.2, 0.2, 0.0, 10.0, 0.0, True, 1e-6).mini_batches(3, world=2)
+        GRPOSettings(2, 1.0, 3, 4, 1, 0.2, 0.2, 0.0, 10.0, 0.0, 1e-6).mini_batches(3, world=2)
 
 
 def test_kl_clamp_reaches_the_solver_loss():
@@ -270,13 +271,14 @@ def test_rule_harness_is_built_from_the_configured_state():
 
 def test_scoring_temperature_defaults_to_the_evaluator_temperature_and_is_validated():
     from score_lightning.launch.config_validation import ConfigError, validate_config
-    from score_lightning.step.rollouts import RolloutSettings
+    from score_lightning.step.rollouts import rollout_settings
 
-    base = RolloutSettings.from_cfg(compose(FAST))
+    cfg = compose(FAST)
+    base = rollout_settings(cfg.solver, cfg.evaluator)
     assert base.scoring.temperature == pytest.approx(0.8)  # the paper's evaluator temperature, rubric and scoring
     greedy = compose(FAST + ["evaluator.scoring_temperature=0"])
     validate_config(greedy)
-    s = RolloutSettings.from_cfg(greedy)
+    s = rollout_settings(greedy.solver, greedy.evaluator)
     assert s.scoring.temperature == 0.0 and s.solver.temperature == pytest.approx(1.0)
     with pytest.raises(ConfigError, match="evaluator.scoring_temperature"):
         validate_config(compose(FAST + ["evaluator.scoring_temperature=-0.5"]))

@@ -103,7 +103,7 @@ def _update(reuse: bool, share_prompt: bool):
         for n in (5, 3):
             resp = torch.randint(3, 200, (n,), generator=g).tolist()
             trajs.append(Trajectory(prompt, resp, [1] * n))
-    settings = GRPOSettings(2, 1.0, 2, 2, 1, 0.2, 0.28, 0.05, 10.0, 0.0, True, 1e-6, share_prompt)
+    settings = GRPOSettings(2, 1.0, 2, 2, 1, 0.2, 0.28, 0.05, 10.0, 0.0, 1e-6, share_prompt)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
 
     def step():

@@ -189,13 +189,13 @@ def test_with_values_replaces_only_the_value_attribute():
 def test_config_validation_refuses_expected_where_it_cannot_work():
     from helpers import FAST, compose
     from score_lightning.launch.config_validation import ConfigError, validate_config
-    from score_lightning.step.reward_assembly import RewardSettings
-    from score_lightning.step.rollouts import RolloutSettings
+    from score_lightning.step.rollouts import rollout_settings
 
-    cfg = compose(FAST + ["evaluator.score_readout=expected"])
+    cfg, default = compose(FAST + ["evaluator.score_readout=expected"]), compose(FAST)
     validate_config(cfg)
-    assert RolloutSettings.from_cfg(cfg).score_readout == RewardSettings.from_cfg(cfg).score_readout == "expected"
-    assert RolloutSettings.from_cfg(compose(FAST)).score_readout == "sampled"  # the default
+    # the scoring loop and the reward's parse both read evaluator.score_readout
+    assert rollout_settings(cfg.solver, cfg.evaluator).score_readout == cfg.evaluator.score_readout == "expected"
+    assert rollout_settings(default.solver, default.evaluator).score_readout == "sampled"  # the default
     for bad, why in [(["evaluator.constrained_scoring=false"], "constrained_scoring=true"),
                      (["rollout=scripted"], "rollout=scripted"),
                      (["rollout.grammar_fast_forward=false"], "grammar_fast_forward=true"),

@@ -12,7 +12,7 @@ from score_lightning.rollout.scripted_roles import SCRIPTED_ROLES, ScriptedRole
 from score_lightning.rollout.workflows import SOLVER_WORKFLOWS, SolverWorkflow, messages_rollouts
 from score_lightning.sft.demo_registry import DEMO_SOURCES, DemoSource, ExtraKind
 from score_lightning.sft.demo_types import Demo
-from score_lightning.step.rollouts import RolloutSettings, solver_rollouts
+from score_lightning.step.rollouts import rollout_settings, solver_rollouts
 
 ECHO_SYSTEM = "You are the echo agent of this test. Repeat the question, then answer it."
 
@@ -28,7 +28,8 @@ def test_an_unknown_solver_agent_is_refused_with_the_registered_names():
 
     assert {"react", "mams", "rubricem"} <= set(SOLVER_WORKFLOWS.names())  # the core's and the shipped plug-ins'
     with pytest.raises(KeyError, match=r"solver.agent='nope': no such entry \(registered: mams, react, rubricem"):
-        RolloutSettings.from_cfg(compose(["experiment=tiny_score", "solver.agent=nope"]))
+        cfg = compose(["experiment=tiny_score", "solver.agent=nope"])
+        rollout_settings(cfg.solver, cfg.evaluator)
     with pytest.raises(ValueError, match=r"solver.agent='nope'.*registered: mams, react, rubricem"):
         solver_workflow(GenerateConfig(model="m", queries="q", out="o", agent="nope"))
 
@@ -48,8 +49,8 @@ def test_a_workflow_registered_here_rolls_out_the_step_and_sets_the_trajectory_c
                           trajectory_tokens=lambda solver: 7 * int(solver.max_tool_calls))
     _register(monkeypatch, SOLVER_WORKFLOWS, "echo", echo)
     cfg = compose(["experiment=tiny_score", "solver.agent=echo", "solver.num_rollouts=2", "solver.max_tool_calls=3"])
-    settings = RolloutSettings.from_cfg(cfg)
-    assert settings.options == {"searches": 3} and trajectory_cap(cfg) == 21
+    settings = rollout_settings(cfg.solver, cfg.evaluator)
+    assert settings.options == {"searches": 3} and trajectory_cap(cfg.solver) == 21
 
     engine = ScriptedEngine(tokenizer, lambda req: f"<answer>echo {req.index} [{req.query}]</answer>")
     trajs = solver_rollouts(engine, tokenizer, bm25, ["What is json?", "What is re?"], [None, None], None, settings,

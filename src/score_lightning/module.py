@@ -27,7 +27,7 @@ from score_lightning.harness.stats_window import StatsWindow
 from score_lightning.rewards.functions import EMABaseline
 from score_lightning.step.evaluator_objective import StepView, merged_bonuses
 from score_lightning.step.evaluator_phase import EvaluatorSignal, centre, sample_rewards
-from score_lightning.step.evaluator_update import ReinforceSettings, evaluator_update
+from score_lightning.step.evaluator_update import evaluator_update, reinforce_settings
 from score_lightning.step.objectives import (
     EVALUATOR_REWARDS, build_objectives, fold_objectives, measured_value, trains_step_rubric,
 )
@@ -42,9 +42,9 @@ from score_lightning.step.judge_scoring import check_judgements, uses_judge
 from score_lightning.step.judged_rows import judged_view
 from score_lightning.generation.prefetch import RolloutPrefetcher, record_async
 from score_lightning.step.reward_assembly import StepRewards
+from score_lightning.step.rollout_correction import rollout_correction
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_objective import SOLVER_OBJECTIVES, SolverInputs
-from score_lightning.step.solver_update import GRPOSettings
 from score_lightning.step.types import StepRollouts
 from score_lightning.policy.top_layers import update_scope
 
@@ -73,17 +73,17 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GeneratorHost, Ligh
         self.K = int(cfg.solver.num_rollouts)
         self.score_step = self.data_cursor = 0
         self._harness_state = HarnessState.from_dict(OmegaConf.to_container(cfg.harness.initial_state, resolve=True))
-        scheduler_cfg = OmegaConf.to_container(cfg.harness.get("scheduler") or {}, resolve=True)
+        scheduler_cfg = OmegaConf.to_container(cfg.harness.scheduler, resolve=True)
         self.scheduler = DimensionScheduler(list(self._harness_state.dimension_pool), **scheduler_cfg)
         self.baseline = EMABaseline(float(cfg.evaluator.ema_beta))
         self.faults = FaultMonitor(int(cfg.optim.max_consecutive_skips), int(cfg.retriever.max_failed_steps),
-                                   str(cfg.retriever.get("url") or "the retriever"))
+                                   str(cfg.retriever.url or "the retriever"))
         self.stats_window = StatsWindow(int(cfg.harness.every_n_steps))
         self._pending_rng: dict | None = None
-        self.grpo_settings = GRPOSettings.from_cfg(cfg)
         #: solver.objective: how Phase 1 trains the solver (a registered SolverObjective; grpo by default)
         self.solver_objective = SOLVER_OBJECTIVES.get(str(cfg.solver.objective)).build(cfg)
-        self.reinforce_settings = ReinforceSettings.from_cfg(cfg)
+        self.reinforce_settings = reinforce_settings(cfg.evaluator, cfg.loss, cfg.actor,
+                                                     rollout_correction(cfg.optim, cfg.loss, cfg.rollout))
         #: evaluator.reward: what each rubric sample earns (a registered EvaluatorReward)
         self.evaluator_reward = EVALUATOR_REWARDS.get(str(cfg.evaluator.reward))
         #: the evaluator's other objectives, in order: reward.step's credit, evaluator.scoring_reward, and
@@ -91,9 +91,11 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GeneratorHost, Ligh
         self.objectives = build_objectives(cfg, self.evaluator_reward)
         self.step_stage, self.scoring_stage = self.objectives[:2]
         #: rollout.mode=async: the worker that generates the next step's batch during this step's update
-        self.prefetch = RolloutPrefetcher(cfg, model_path, tokenizer_path or model_path) if asynchronous(cfg) else None
+        self.prefetch = (RolloutPrefetcher(cfg, model_path, tokenizer_path or model_path)
+                         if asynchronous(cfg.rollout) else None)
         #: pi_old is recomputed to log the engine-trainer gap: vLLM's kernels, or an HF worker's older weights
-        self.engine_gap_logged = cfg.rollout.engine == "vllm" or (stale_rollouts(cfg) and cfg.rollout.engine == "hf")
+        self.engine_gap_logged = cfg.rollout.engine == "vllm" or (stale_rollouts(cfg.rollout)
+                                                                  and cfg.rollout.engine == "hf")
         self.policy = self.evaluator_policy = self.ref = None
         #: test hook: called with (module, phase) before each optimiser step; may poison gradients
         self.pre_step_hook: Callable[["ScoreModule", str], None] | None = None
@@ -110,16 +112,18 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GeneratorHost, Ligh
         scalars, clock = StepScalars(self.device), StepClock()
         rollouts, rewards, drawn = self.generate_batch(batch, scalars, clock)  # lines 1-6: rubric, K rollouts, scoring
         # too many failed judgements stop the run here, before any update
-        judged = check_judgements(rewards.judge, float(cfg.judge.max_failed_rate),
-                                  cfg.callbacks.model_checkpoint.dirpath) if uses_judge(cfg) else {}
+        judged = (check_judgements(rewards.judge, float(cfg.judge.max_failed_rate),
+                                   cfg.callbacks.model_checkpoint.dirpath)
+                  if uses_judge(cfg.evaluator, cfg.reward) else {})
         view = StepView(self, rollouts, rewards, scalars, self.K, self.score_step)
         bonus = merged_bonuses([objective.judge(view) for objective in self.objectives])  # step credit, scoring reward
         clock.lap("scoring")
-        record_step(scalars, rollouts, rewards, drawn, self.reward_settings, self.K)
+        record_step(scalars, rollouts, rewards, drawn, cfg.reward, cfg.verifier, self.K)
         metrics = dict(rollouts.rubrics.stats) | judged | self.observe_rubrics(rollouts, rewards)
         solver = None
         if not bool(cfg.solver.freeze):  # Phase 1: solver.objective (GRPO by default) on the solver
-            with update_scope(cfg, self.policy):  # frozen bottom layers run once per input; freed after this update
+            # frozen bottom layers run once per input; freed after this update
+            with update_scope(cfg.model, cfg.optim, self.policy):
                 solver = self.solver_objective.update(SolverInputs(
                     self.policy, self.ref, rollouts.solver, rewards.rewards, rewards.scored, rewards.neutral,
                     rewards.excluded, bonus, self.tokenizer.pad_token_id, self.optimizer_hooks("solver", self.policy),
@@ -140,7 +144,8 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GeneratorHost, Ligh
                                               signal.advantages)
         due = (self.score_step + 1) % int(cfg.evaluator.update_every) == 0
         if trained is not None and bool(cfg.evaluator.enabled) and due:
-            with update_scope(cfg, self.eval_model):  # the evaluator's own replays, freed after its update
+            # the evaluator's own replays, freed after its update
+            with update_scope(cfg.model, cfg.optim, self.eval_model):
                 hooks = self.optimizer_hooks("evaluator", self.eval_model)
                 metrics.update(evaluator_update(self.eval_model, self.ref, trained, advantages, self.reinforce_settings,
                                                 self.tokenizer.pad_token_id, hooks))
@@ -162,8 +167,8 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GeneratorHost, Ligh
         """The step's rollouts and rewards: generated now (``rollout.mode=sync``), or the worker's batch (``async``,
         generation/prefetch.py: it starts on the next one before the update). Also dynamic sampling's draws."""
         if self.prefetch is None:
-            rollouts = self.step_rollouts = self.rollout(list(batch["prompt"]),
-                                                         [str(i) for i in batch.get("id", [])] or None)
+            ids = [str(i) for i in batch.get("id", [])] or None  # data, not config
+            rollouts = self.step_rollouts = self.rollout(list(batch["prompt"]), ids)
             clock.lap("rollout")
             rewards = self.score(rollouts)
             rollouts, rewards, drawn = self.draw_until_informative(rollouts, rewards)  # a no-op when off

@@ -30,8 +30,10 @@ from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
+from omegaconf import OmegaConf
 
 from score_lightning.evaluation.pair_build import Pair, Sample
 from score_lightning.clients.chat import ChatClient, ReplyError
@@ -41,8 +43,11 @@ from score_lightning.roles.prompts import scoring_messages
 from score_lightning.roles.rubric import Rubric, fallback_rubric
 from score_lightning.step.rubric_source import RubricContext
 from score_lightning.step.evaluations import group_evaluations, meets_process_rules
-from score_lightning.step.reward_assembly import RewardSettings, parse_answers, rubric_part
+from score_lightning.step.reward_assembly import parse_answers, rubric_part
 from score_lightning.step.rollouts import RolloutSettings, initial_evidence, scoring_rollouts, solver_rollouts
+
+if TYPE_CHECKING:
+    from score_lightning.config.schema import RewardConfig
 
 NO_REPORT = "(no report)"
 #: what a judge's unusable reply is re-asked for (it has no search tool: no observation will come)
@@ -50,11 +55,11 @@ REASK = "the complete <report_evaluations> block (no <search>: no search results
 
 
 def sample_reports(engine, tokenizer, retriever, queries: Sequence[tuple[str, str]], state: HarnessState,
-                   settings: RolloutSettings, reward: RewardSettings, samples: int, batch: int) -> list[Sample]:
+                   settings: RolloutSettings, reward: "RewardConfig", samples: int, batch: int) -> list[Sample]:
     """``samples`` reports per ``(query id, prompt)``, each with its retrieved ids and grounded validity
     (``reward`` with ``reward.citations=retrieved`` and a required citation, as the card reads it)."""
     settings = replace(settings, num_rollouts=samples)
-    grounded = replace(reward, require_citation=True, citations="retrieved")
+    grounded = OmegaConf.merge(reward, {"require_citation": True, "citations": "retrieved"})
     rubric = fallback_rubric(state)
     per = max(1, batch // samples)
     out: list[Sample] = []

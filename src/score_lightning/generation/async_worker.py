@@ -102,7 +102,8 @@ class WorkerHost:
 
         cfg = self.cfg = OmegaConf.create(spec.cfg)
         self.spec = spec
-        configure_limits(cfg, 0, 1, worker=True)  # the worker's share of the run's limits (one training process)
+        # the worker's share of the run's limits (beside one training process)
+        configure_limits(cfg.judge, cfg.rollout, 0, 1, worker=True)
         self.score_step = 0
         self.harness_state = HarnessState.from_dict(OmegaConf.to_container(cfg.harness.initial_state, resolve=True))
         self.scheduler = None
@@ -125,8 +126,8 @@ class WorkerHost:
         if c.rollout.engine != "scripted":
             from score_lightning.policy.models import load_policy
 
-            m, top = c.model, c.model.get("trainable_layers")
-            solver = load_policy(self.spec.model_path, m.dtype, False, lora=m.get("lora"), trainable_layers=top)
+            m, top = c.model, c.model.trainable_layers
+            solver = load_policy(self.spec.model_path, m.dtype, False, lora=m.lora, trainable_layers=top)
             evaluator = solver if bool(c.actor.shared) else load_policy(self.spec.model_path, m.dtype, False,
                                                                        trainable_layers=top)
             self.models = {"solver": solver, "evaluator": evaluator}
@@ -146,7 +147,7 @@ class WorkerHost:
             from score_lightning.step.dynamic_sampling import EXTRA_STREAM_SEED
 
             d = self.cfg.data
-            self._extra = QueryStream(load_queries(d.queries_path, d.get("split", "train")), int(d.batch_size),
+            self._extra = QueryStream(load_queries(d.queries_path, d.split), int(d.batch_size),
                                       int(self.cfg.seed) + EXTRA_STREAM_SEED, 0, 0, 1)
         return self._extra
 
@@ -207,7 +208,7 @@ def _vllm_engine(spec: WorkerSpec, cfg):
 
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     rollout = OmegaConf.to_container(cfg.rollout, resolve=True)
-    return VLLMEngine(spec.model_path, **engine_kwargs(rollout, int(cfg.get("seed", 0) or 0)))
+    return VLLMEngine(spec.model_path, **engine_kwargs(rollout, int(cfg.seed)))
 
 
 def worker_main(spec: WorkerSpec, requests, results) -> None:

@@ -59,4 +59,4 @@ def build_engines(cfg, tokenizer, solver_model: Callable[[], object] | None,
         raise ValueError("rollout.engine=vllm: the caller starts the vLLM engine (pass vllm=...)")
     engine = vllm()
     # a shared actor scores on vLLM too, unless rollout.evaluator_engine=hf; a separate evaluator keeps HF generate()
-    return Engines(engine, engine if evaluator_on_vllm(cfg) else hf(evaluator_model), engine)
+    return Engines(engine, engine if evaluator_on_vllm(cfg.rollout, cfg.actor) else hf(evaluator_model), engine)

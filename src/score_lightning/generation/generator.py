@@ -22,15 +22,15 @@ from score_lightning import distributed as D
 from score_lightning.roles.cited_passages import corpus_texts
 from score_lightning.rollout.search_steps import shown_passages
 from score_lightning.step.rubric_source import RubricContext
-from score_lightning.step.citation_reward import CitationJudgeSettings, add_citation_reward
-from score_lightning.step.dynamic_sampling import (
-    DynamicSampling, extra_batch, informative_groups, merge_draws, pick_groups,
-)
-from score_lightning.step.judge_scoring import external_evaluations, judge_from_cfg
+from score_lightning.step.citation_reward import add_citation_reward
+from score_lightning.step.dynamic_sampling import extra_batch, informative_groups, merge_draws, pick_groups
+from score_lightning.step.judge_scoring import build_judge, external_evaluations
 from score_lightning.step.reward_assembly import (
-    RewardSettings, StepRewards, assemble_rewards, effective_tau, parse_answers, rewards_from_evaluations,
+    StepRewards, assemble_rewards, on_incomplete, parse_answers, rewards_from_evaluations, verifier_tau,
 )
-from score_lightning.step.rollouts import RolloutSettings, initial_evidence, scoring_rollouts, solver_rollouts
+from score_lightning.step.rollouts import (
+    RolloutSettings, initial_evidence, rollout_settings, scoring_rollouts, solver_rollouts,
+)
 from score_lightning.step.rule_rewards import rule_step_rewards
 from score_lightning.step.types import StepRollouts, StepRubric
 
@@ -67,13 +67,15 @@ class RunAccess:
 
 
 class Generator:
-    """``rubric_context``, ``rollout``, ``score`` and ``draw_until_informative``: the generating stages of a step."""
+    """``rubric_context``, ``rollout``, ``score`` and ``draw_until_informative``: the generating stages of a step.
 
-    def __init__(self, cfg, tokenizer, rubric_source, rollout_settings: RolloutSettings,
-                 reward_settings: RewardSettings, sampling: DynamicSampling, run: RunAccess):
+    The rewards read the run's ``reward``, ``verifier`` and ``evaluator`` nodes, dynamic sampling
+    ``solver.dynamic_sampling``; ``rollout_settings`` is the loops' plan built from ``solver`` and ``evaluator``."""
+
+    def __init__(self, cfg, tokenizer, rubric_source, rollout_settings: RolloutSettings, run: RunAccess):
         self.cfg, self.K, self.run = cfg, int(cfg.solver.num_rollouts), run
         self.tokenizer, self.rubric_source = tokenizer, rubric_source
-        self.rollout_settings, self.reward_settings, self.sampling = rollout_settings, reward_settings, sampling
+        self.rollout_settings = rollout_settings
         self.engine = self.evaluator_engine = None  # use(): the trainer's setup, the vLLM callback, the worker
         self.retriever = None  # open_retriever(), or a test's own
         self._judge = None
@@ -127,42 +129,43 @@ class Generator:
         """Stages 2-3: the evaluator (or the external judge) scores the K reports of each query; rewards with gates
         and verifier; then, with ``reward.citation_judge.enabled``, DR Tulu's citation term through the judge."""
         rw = self._score(ro)
-        citation = CitationJudgeSettings.from_cfg(self.cfg)
+        citation = self.cfg.reward.citation_judge
         if citation.enabled:
             rw = add_citation_reward(self.judge, self.tokenizer, ro.queries, ro.solver, rw, self.K, citation)
         return rw
 
     def _score(self, ro: StepRollouts) -> StepRewards:
-        answers = parse_answers(ro.solver, self.tokenizer, self.reward_settings)
-        if self.reward_settings.source == "rule":  # the known-good reward: no evaluator, no scoring rollouts
+        reward, evaluator = self.cfg.reward, self.cfg.evaluator
+        answers = parse_answers(ro.solver, self.tokenizer, reward)
+        if reward.source == "rule":  # the known-good reward: no evaluator, no scoring rollouts
             ro.scoring = []
             self._release_caches()
-            return rule_step_rewards(answers, ro, self.K, self.reward_settings.rule_quality,
-                                     self.reward_settings.items_path)
+            return rule_step_rewards(answers, ro, self.K, str(reward.rule_quality),
+                                     None if reward.items_path is None else str(reward.items_path))
         reports = [[a.answer if a.answer else None for a in answers[i:i + self.K]] for i in range(0, len(answers), self.K)]
         sources = [[t.retrieved_ids for t in ro.solver[i:i + self.K]] for i in range(0, len(ro.solver), self.K)]
         shown = self._shown_passages(ro)
         self._release_caches()  # a stage boundary (see _release_caches)
-        if self.reward_settings.evaluator_source == "external":  # an LLM judge scores; failures leave the update
+        if evaluator.source == "external":  # an LLM judge scores; failures leave the update
             ro.scoring = []
             groups, tally = external_evaluations(self.judge, self.tokenizer, ro.queries, reports, ro.rubrics.per_query,
                                                  self.harness_state, self.rollout_settings, sources,
                                                  self.retriever, shown)
-            tau = effective_tau(self.reward_settings.min_search_depth, self.harness_state,
-                                self.reward_settings.tau_from_harness)
-            rw = rewards_from_evaluations(answers, groups, ro.rubrics.per_query, self.K, tau, self.reward_settings)
+            tau = verifier_tau(self.cfg.verifier, self.harness_state)
+            rw = rewards_from_evaluations(answers, groups, ro.rubrics.per_query, self.K, tau, self.cfg.verifier,
+                                          on_incomplete(evaluator))
             rw.judge = tally
             return rw
         ro.scoring = scoring_rollouts(self.evaluator_engine, self.tokenizer, self.retriever, ro.queries, reports,
                                       ro.rubrics.per_query, self.harness_state, self.rollout_settings, sources, shown)
         self._release_caches()
-        return assemble_rewards(answers, ro.scoring, ro.rubrics.per_query, self.harness_state, self.K,
-                                self.reward_settings, self.tokenizer)
+        return assemble_rewards(answers, ro.scoring, ro.rubrics.per_query, self.harness_state, self.K, evaluator,
+                                self.cfg.verifier, self.tokenizer)
 
     def _shown_passages(self, ro: StepRollouts):
         """``evaluator.show_passages`` with a retriever that has no local corpus: the passages each report's searches
         showed, per query, per report (with a local corpus the scoring reads the passages from it)."""
-        if not getattr(self.rollout_settings, "show_passages", False) or corpus_texts(self.retriever) is not None:
+        if not self.rollout_settings.show_passages or corpus_texts(self.retriever) is not None:
             return None
         texts = [shown_passages(t, self.tokenizer) for t in ro.solver]
         return [texts[i:i + self.K] for i in range(0, len(texts), self.K)]
@@ -171,19 +174,20 @@ class Generator:
     def judge(self):
         """The run's external judge (``judge`` group), built on first use in the process that scores."""
         if self._judge is None:
-            self._judge = judge_from_cfg(self.cfg)
+            self._judge = build_judge(self.cfg.judge)
         return self._judge
 
     def draw_until_informative(self, ro: StepRollouts, rw: StepRewards) -> tuple[StepRollouts, StepRewards, tuple]:
         """Dynamic sampling (step/dynamic_sampling.py): more draws until B groups carry a signal, at most
         ``max_draws`` in all (decided over all ranks, so collectives stay in step). Returns the step's
         rollouts and rewards, and (groups without signal, groups drawn, draws) for the logs."""
+        sampling = self.cfg.solver.dynamic_sampling
         flags = [informative_groups(rw, self.K)]
         draws = [(ro, rw)]
         need = len(ro.queries)
-        while (self.sampling.enabled and len(draws) < self.sampling.max_draws
+        while (sampling.enabled and len(draws) < int(sampling.max_draws)
                and D.global_max(float(need - sum(int(f.sum()) for f in flags))) > 0):
-            extra = extra_batch(self.run.extra_stream(), self.score_step, len(draws), self.sampling.max_draws)
+            extra = extra_batch(self.run.extra_stream(), self.score_step, len(draws), int(sampling.max_draws))
             more = self.rollout(list(extra["prompt"]), [str(i) for i in extra["id"]], rubric_of=ro.rubrics)
             more_rw = self.score(more)
             draws.append((more, more_rw))
@@ -207,14 +211,14 @@ class Generator:
 
 def build_generator(cfg, tokenizer_path: str, run: RunAccess) -> Generator:
     """The one place a generator's collaborators are built from the config (the trainer's and the worker's): the
-    tokenizer, the rubric source (``rubric``: configs/rubric/), the rollout and reward settings, dynamic sampling."""
+    tokenizer, the rubric source (``rubric``: configs/rubric/), the rollout settings."""
     from hydra.utils import instantiate
 
     from score_lightning.policy.models import load_tokenizer
 
-    tokenizer = load_tokenizer(tokenizer_path, chat_template=cfg.model.get("chat_template"))
-    return Generator(cfg, tokenizer, instantiate(cfg.rubric, _convert_="all"), RolloutSettings.from_cfg(cfg),
-                     RewardSettings.from_cfg(cfg), DynamicSampling.from_cfg(cfg), run)
+    tokenizer = load_tokenizer(tokenizer_path, chat_template=cfg.model.chat_template)
+    return Generator(cfg, tokenizer, instantiate(cfg.rubric, _convert_="all"),
+                     rollout_settings(cfg.solver, cfg.evaluator), run)
 
 
 class _Generators:
@@ -241,8 +245,6 @@ class GeneratorHost:
     retriever = _Generators()
     rubric_source = _Generators()
     rollout_settings = _Generators()
-    reward_settings = _Generators()
-    sampling = _Generators()
     rubric_context = _Generators()
     rollout = _Generators()
     score = _Generators()

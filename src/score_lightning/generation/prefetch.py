@@ -33,7 +33,6 @@ from multiprocessing.reduction import ForkingPickler
 from omegaconf import OmegaConf
 
 from score_lightning.generation.async_worker import GeneratedBatch, GenerationRequest, WorkerSpec, worker_main
-from score_lightning.rollout.modes import max_staleness
 from score_lightning.generation import batch_codec
 from score_lightning.generation.generator import trajectory_versions
 from score_lightning.step.scalars import StepScalars
@@ -53,7 +52,7 @@ class RolloutPrefetcher:
 
     def __init__(self, cfg, model_path: str, tokenizer_path: str, threads: int = 1):
         self.cfg = cfg
-        self.max_staleness = max_staleness(cfg)
+        self.max_staleness = int(cfg.rollout.max_staleness)
         self.model_path, self.tokenizer_path, self.threads = model_path, tokenizer_path, max(1, int(threads))
         self.proc = self.requests = self.results = None
         self.pid: int | None = None
@@ -131,7 +130,8 @@ class RolloutPrefetcher:
         """Why ``got`` may not be trained at ``step`` on ``batch`` (``None``: it may)."""
         if got.step != step:
             return f"it was generated for step {got.step}"
-        if list(got.prompts) != list(batch["prompt"]) or list(got.ids) != [str(i) for i in batch.get("id", got.ids)]:
+        ids = [str(i) for i in batch.get("id", got.ids)]  # data, not config
+        if list(got.prompts) != list(batch["prompt"]) or list(got.ids) != ids:
             return "the data stream served other queries"
         if step - got.version > self.max_staleness:
             return f"staleness {step - got.version} > rollout.max_staleness={self.max_staleness}"
@@ -155,7 +155,7 @@ class RolloutPrefetcher:
             self.start(module.device)
         version = int(module.score_step)
         fresh = self._push_weights(module, version)
-        ids = [str(i) for i in batch.get("id", range(len(batch["prompt"])))]
+        ids = [str(i) for i in batch.get("id", range(len(batch["prompt"])))]  # data, not config
         req = GenerationRequest(step, version, ids, list(batch["prompt"]), module.harness_state, module.scheduler,
                                 module.rubric_source.state_dict(), fresh)
         self.requests.put(("generate", bytes(ForkingPickler.dumps(req))))
@@ -203,9 +203,9 @@ class RolloutPrefetcher:
                                        f"{self.proc.exitcode}") from None
                 continue
             if kind == "ready":
+                engine, evaluator = payload.get("engine", "?"), payload.get("evaluator_engine", "?")  # data, not config
                 log.info("rollout worker ready (pid %d, engine %s, %d CPU thread%s; evaluator engine %s)",
-                         payload["pid"], payload.get("engine", "?"), payload["threads"],
-                         "s" * (payload["threads"] != 1), payload.get("evaluator_engine", "?"))
+                         payload["pid"], engine, payload["threads"], "s" * (payload["threads"] != 1), evaluator)
             elif kind == "error":
                 raise WorkerFailed(f"the rollout worker failed:\n{payload}")
             else:

@@ -17,8 +17,8 @@ class BuildingHooks:
         from score_lightning.policy.models import load_policy, load_reference
 
         m = self.cfg.model  # with model.lora the policy trains adapters only; its reference is a view of the base
-        top = m.get("trainable_layers")  # or only the top N layers (top_layers.py)
-        self.policy = load_policy(self.model_path, m.dtype, m.gradient_checkpointing, lora=m.get("lora"),
+        top = m.trainable_layers  # or only the top N layers (top_layers.py)
+        self.policy = load_policy(self.model_path, m.dtype, m.gradient_checkpointing, lora=m.lora,
                                   trainable_layers=top)
         if float(self.cfg.loss.kl_coef) > 0:
             self.ref = load_reference(self.model_path, m.dtype, self.policy, trainable_layers=top)
@@ -42,7 +42,7 @@ class BuildingHooks:
         from score_lightning.step.judge_scoring import configure_limits
 
         # this process's share of the run's judge.max_concurrency / requests_per_minute (ranks are known from here)
-        configure_limits(self.cfg, self.trainer.global_rank, self.trainer.world_size)
+        configure_limits(self.cfg.judge, self.cfg.rollout, self.trainer.global_rank, self.trainer.world_size)
         self.generator.open_retriever()  # unless a test or script set one
         if self.prefetch is not None:  # rollout.mode=async: the worker loads its engines while the trainer sets up
             from score_lightning.generation.prefetch import worker_threads
@@ -73,7 +73,7 @@ class BuildingHooks:
         """The solver's AdamW and the evaluator's own (lr = alpha * lr): see :mod:`score_lightning.step.optimizers`."""
         from score_lightning.step.optimizers import build_optimizers
 
-        built = build_optimizers(self.cfg, self.policy, self.evaluator_policy)
+        built = build_optimizers(self.cfg.optim, self.cfg.evaluator, self.policy, self.evaluator_policy)
         self._optimizer_index = {"solver": built.solver, "evaluator": built.evaluator}
         if not built.optimizers:  # frozen solver and no evaluator learning: nothing trains
             return None
@@ -91,7 +91,7 @@ class BuildingHooks:
         """Test hook, fault injection, then clip / finite check / step (see ``guarded_step``)."""
         if self.pre_step_hook is not None:
             self.pre_step_hook(self, phase)
-        if phase == "solver" and self.score_step in set(self.cfg.get("debug", {}).get("nan_grad_steps", []) or []):
+        if phase == "solver" and self.score_step in set(self.cfg.debug.nan_grad_steps or []):
             for p in params:  # fault injection (debug.nan_grad_steps): poison this update's gradients
                 if p.grad is not None:
                     p.grad.fill_(float("nan"))

@@ -62,7 +62,7 @@ class RunStateHooks:
             checkpoint["score"]["async_rollouts"] = self.prefetch.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        s = checkpoint.get("score")
+        s = checkpoint.get("score")  # data, not config
         if s is None:
             raise ValueError("checkpoint has no 'score' section: not a score-lightning checkpoint")
         self.score_step, self.data_cursor = int(s["score_step"]), int(s["data_cursor"])

@@ -21,15 +21,15 @@ from score_lightning.harness.state import HarnessState
 from score_lightning.rewards.citations import cites_only_retrieved
 from score_lightning.roles.evidence import evidence_from_hits
 from score_lightning.roles.prompts import rubric_messages
-from score_lightning.roles.rubric import WEIGHT_SUM_TOL, fallback_rubric, parse_rubric
+from score_lightning.roles.rubric import fallback_rubric, parse_rubric
 from score_lightning.rollout.agent import TagStops
 from score_lightning.rollout.engine import SamplingParams
 from score_lightning.rollout.hf_engine import HFEngine
 from score_lightning.rollout.chat import encode_chat
-from score_lightning.sft.demo_types import DemoBudgets
+from score_lightning.sft.demo_types import demo_budgets
 from score_lightning.step.evaluations import group_evaluations
-from score_lightning.step.reward_assembly import RewardSettings, parse_answers
-from score_lightning.step.rollouts import RolloutSettings, scoring_rollouts, solver_rollouts
+from score_lightning.step.reward_assembly import parse_answers
+from score_lightning.step.rollouts import rollout_settings, scoring_rollouts, solver_rollouts
 
 
 def probe_policy(model, tokenizer, retriever, cfg: DictConfig, n_rubric: int, n_solver: int, seed: int = 0,
@@ -40,13 +40,13 @@ def probe_policy(model, tokenizer, retriever, cfg: DictConfig, n_rubric: int, n_
     temperature. Solver: the step's solver stage (``solver_rollouts``: its workflow, ``HFEngine``, the
     retriever) at the solver temperature. Scoring: the solver answers, K per prompt, parsed as RL parses them.
     """
-    b = DemoBudgets.from_cfg(cfg)
+    b = demo_budgets(cfg.solver, cfg.evaluator)
     rng = random.Random(seed)
-    queries = [q.prompt for q in load_queries(cfg.data.get("queries_path"), cfg.data.get("split", "train"))]
+    queries = [q.prompt for q in load_queries(cfg.data.queries_path, cfg.data.split)]
     state = HarnessState.from_dict(OmegaConf.to_container(cfg.harness.initial_state, resolve=True))
     sched = DimensionScheduler(list(state.dimension_pool))
     engine = HFEngine(lambda: model, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer,
-                      int(OmegaConf.select(cfg, "rollout.max_batch_size", default=64)))
+                      int(cfg.rollout.max_batch_size))
     out: dict[str, float] = {}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -59,7 +59,7 @@ def probe_policy(model, tokenizer, retriever, cfg: DictConfig, n_rubric: int, n_
             stops = TagStops(tokenizer, [P.DIMENSIONS_CLOSE])
             gens = engine.generate(prompts, SamplingParams(b.max_rubric_tokens, float(cfg.evaluator.temperature),
                                                            stop_token_ids=stops.token_ids, stop_strings=stops.strings))
-            tol = cfg.evaluator.get("rubric_weight_sum_tol", WEIGHT_SUM_TOL)
+            tol = cfg.evaluator.rubric_weight_sum_tol
             parses = [parse_rubric(tokenizer.decode(g.token_ids), state, tol) for g in gens]
             out["probe/rubric_valid_rate"] = float(np.mean([p.valid for p in parses]))
             out["probe/rubric_parsed_rate"] = float(np.mean([p.rubric is not None for p in parses]))
@@ -77,8 +77,8 @@ def probe_policy(model, tokenizer, retriever, cfg: DictConfig, n_rubric: int, n_
             # the step's own solver stage, so a workflow policy (solver.agent=mams, rubricem) is probed as it will
             # roll out, not as a ReAct loop it was never taught
             trajs = solver_rollouts(engine, tokenizer, retriever, group_queries, [rubric] * n_groups, state,
-                                    RolloutSettings.from_cfg(cfg))
-            answers = parse_answers(trajs, tokenizer, RewardSettings.from_cfg(cfg))  # a(r) as RL judges it
+                                    rollout_settings(cfg.solver, cfg.evaluator))
+            answers = parse_answers(trajs, tokenizer, cfg.reward)  # a(r) as RL judges it
             out["probe/answer_valid_rate"] = float(np.mean([a.valid for a in answers]))
             out["probe/cited_rate"] = float(np.mean([bool(a.cited_ids) for a in answers]))
             # per citing report, all or nothing (the step's solver/citation_validity is the share of cited ids)
@@ -94,7 +94,7 @@ def probe_policy(model, tokenizer, retriever, cfg: DictConfig, n_rubric: int, n_
                 eval_cfg = b.scoring_agent()
                 eval_cfg = type(eval_cfg)(**{**eval_cfg.__dict__, "temperature": float(cfg.evaluator.temperature)})
                 # the step's own scoring stage (prompts, report cuts, constrained scoring), at this probe's budgets
-                settings = replace(RolloutSettings.from_cfg(cfg), scoring=eval_cfg)
+                settings = replace(rollout_settings(cfg.solver, cfg.evaluator), scoring=eval_cfg)
                 reports = [[a.answer if a.answer else None for a in answers[g * K:(g + 1) * K]] for g in range(n_sc)]
                 sources = [[t.retrieved_ids for t in trajs[g * K:(g + 1) * K]] for g in range(n_sc)]
                 strajs = scoring_rollouts(engine, tokenizer, retriever, group_queries[:n_sc], reports, [rubric] * n_sc,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,23 +31,10 @@ from score_lightning.roles.citation_check import citation_check_messages, citati
 from score_lightning.rollout.trajectory import Trajectory
 from score_lightning.step.reward_assembly import StepRewards
 
+if TYPE_CHECKING:
+    from score_lightning.config.schema import CitationJudgeConfig
+
 _OBS = re.compile(re.escape(P.OBS_OPEN) + r"(.*?)" + re.escape(P.OBS_CLOSE), re.DOTALL)
-
-
-@dataclass(frozen=True)
-class CitationJudgeSettings:
-    """``reward.citation_judge.*``."""
-
-    enabled: bool = False
-    weight: float = 0.5
-    max_claims: int = 8
-    max_passage_chars: int = 600
-
-    @classmethod
-    def from_cfg(cls, cfg) -> "CitationJudgeSettings":
-        c = cfg.reward.get("citation_judge") or {}
-        return cls(bool(c.get("enabled", False)), float(c.get("weight", 0.5)), int(c.get("max_claims", 8)),
-                   int(c.get("max_passage_chars", 600)))
 
 
 def observed_passages(traj: Trajectory, tokenizer) -> dict[str, str]:
@@ -68,21 +55,22 @@ def observed_passages(traj: Trajectory, tokenizer) -> dict[str, str]:
 
 
 def add_citation_reward(judge: LLMJudge, tokenizer, queries: Sequence[str], solver: Sequence[Trajectory],
-                        rw: StepRewards, num_rollouts: int, settings: CitationJudgeSettings) -> StepRewards:
-    """``rw`` with the citation term added, failed judgements dropped, the stats and the judge tally updated."""
+                        rw: StepRewards, num_rollouts: int, settings: "CitationJudgeConfig") -> StepRewards:
+    """``rw`` with the citation term added, failed judgements dropped, the stats and the judge tally updated
+    (``settings``: the ``reward.citation_judge`` node)."""
     requests, where = [], []
     for n, (answer, traj) in enumerate(zip(rw.answers, solver)):
         if not answer.valid or not answer.answer:
             continue
-        claims = report_claims(answer.answer, traj.retrieved_ids, settings.max_claims)
+        claims = report_claims(answer.answer, traj.retrieved_ids, int(settings.max_claims))
         if not claims:
             continue
-        passages = {d: t[:settings.max_passage_chars] for d, t in observed_passages(traj, tokenizer).items()}
+        passages = {d: t[:int(settings.max_passage_chars)] for d, t in observed_passages(traj, tokenizer).items()}
         requests.append((citation_check_messages(queries[n // num_rollouts], claims, passages),
                          citation_check_reader(claims)))
         where.append((n, claims, set(traj.retrieved_ids)))
     outcomes = judge.judge(requests)
-    tally = JudgeTally(endpoint=judge.settings.endpoint)
+    tally = JudgeTally(endpoint=judge.endpoint)
     tally.add(outcomes)
     tally.in_flight_max = judge.limiter.window()["in_flight_max"]
     term = torch.zeros_like(rw.rewards)
@@ -96,7 +84,7 @@ def add_citation_reward(judge: LLMJudge, tokenizer, queries: Sequence[str], solv
         term[n] = f1
         for key, value in (("precision", precision), ("recall", recall), ("f1", f1), ("n", 1.0)):
             sums[key] += value
-    rw.rewards = rw.rewards + settings.weight * rw.validity * term
+    rw.rewards = rw.rewards + float(settings.weight) * rw.validity * term
     rw.dropped = dropped
     rw.citation = sums
     rw.judge = tally if rw.judge is None else rw.judge.merge(tally)

@@ -18,7 +18,7 @@ draw reuses the step's rubric, so REINFORCE still trains the one rubric sample o
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 from torch import Tensor
@@ -29,19 +29,6 @@ from score_lightning.step.types import StepRollouts, StepRubric
 
 #: offsets the extra stream's seed from the main stream's, so their query orders differ
 EXTRA_STREAM_SEED = 7_919
-
-
-@dataclass(frozen=True)
-class DynamicSampling:
-    """``solver.dynamic_sampling.*`` from the config."""
-
-    enabled: bool = False
-    max_draws: int = 1  # draws per step in all, the first included
-
-    @classmethod
-    def from_cfg(cls, cfg) -> "DynamicSampling":
-        d = cfg.solver.get("dynamic_sampling") or {}
-        return cls(bool(d.get("enabled", False)), int(d.get("max_draws", 1)))
 
 
 def informative_groups(rw: StepRewards, num_rollouts: int) -> Tensor:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -29,6 +30,9 @@ from score_lightning.step.rollout_correction import RolloutCorrection, behaviour
 from score_lightning.step.solver_update import OptimizerHooks
 from score_lightning.step.types import RubricSample
 
+if TYPE_CHECKING:
+    from score_lightning.config.schema import ActorConfig, EvaluatorConfig, LossConfig
+
 
 @dataclass(frozen=True)
 class ReinforceSettings:
@@ -38,12 +42,15 @@ class ReinforceSettings:
     kl_clamp: float
     correction: RolloutCorrection = RolloutCorrection()  # optim.rollout_correction, as for the solver
 
-    @classmethod
-    def from_cfg(cls, cfg) -> "ReinforceSettings":
-        from score_lightning.step.optimizers import loss_alpha
 
-        return cls(float(cfg.evaluator.temperature), loss_alpha(cfg), float(cfg.loss.kl_coef), float(cfg.loss.kl_clamp),
-                   RolloutCorrection.from_cfg(cfg))
+def reinforce_settings(evaluator: "EvaluatorConfig", loss: "LossConfig", actor: "ActorConfig",
+                       correction: RolloutCorrection) -> ReinforceSettings:
+    """Phase 2's plan: the rubric's temperature, the loss's alpha (``evaluator.optimizer`` and ``actor.shared``), the
+    KL of ``loss``, and the run's engine-trainer ``correction`` (the solver's)."""
+    from score_lightning.step.optimizers import loss_alpha
+
+    return ReinforceSettings(float(evaluator.temperature), loss_alpha(evaluator, actor), float(loss.kl_coef),
+                             float(loss.kl_clamp), correction)
 
 
 def rubric_batch(samples: Sequence[RubricSample], pad_id: int) -> TokenBatch:

@@ -25,8 +25,7 @@ from score_lightning.step.loss_variants import (batch_reward_std, cispo_surrogat
                                                 sequence_token_means)
 
 __all__ = ["Counts", "NORMALISERS", "Normaliser", "POLICY_LOSSES", "PolicyLoss", "REWARD_SCALINGS", "RewardScaling",
-           "Surrogate", "aggregate", "loss_scale", "normaliser", "policy_loss", "resolve_scale_rewards",
-           "scaled_advantages"]
+           "Surrogate", "aggregate", "loss_scale", "normaliser", "policy_loss", "scaled_advantages"]
 
 #: the counts ``solver_update`` sums over ranks only for a normaliser that names them in ``Normaliser.gathers``
 GATHERED = frozenset({"step_tokens", "mini_trajectories", "mini_sequences"})
@@ -214,16 +213,3 @@ def scaled_advantages(rewards: Tensor, group_size: int, scale: str = "group", ep
 
     return REWARD_SCALINGS.get(scale)(rewards, group_size, eps=eps, include=include, batch_std=std)
 
-
-def resolve_scale_rewards(scale: str | None, norm_adv_by_std: bool | None) -> str:
-    """``optim.scale_rewards`` with the older ``loss.norm_adv_by_std`` (null: unset): false means ``none``
-    (Dr. GRPO) and true means ``group``; a contradiction between the two raises."""
-    scale = "group" if scale is None else str(scale)
-    if scale not in REWARD_SCALINGS:
-        raise ValueError(f"optim.scale_rewards={scale!r}: allowed {', '.join(REWARD_SCALINGS.names())}")
-    if norm_adv_by_std is None or (norm_adv_by_std and scale != "none"):
-        return scale
-    if not norm_adv_by_std and scale in ("group", "none"):
-        return "none"
-    raise ValueError(f"loss.norm_adv_by_std={str(norm_adv_by_std).lower()} contradicts optim.scale_rewards={scale}; "
-                     "drop loss.norm_adv_by_std (deprecated) and set optim.scale_rewards alone")

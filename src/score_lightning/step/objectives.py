@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from score_lightning.registry import Registry
 from score_lightning.step import evaluator_reward as ER
 from score_lightning.step.evaluator_objective import EvaluatorObjective
-from score_lightning.step.scoring_reward import ScoringRewardStage
+from score_lightning.step.scoring_reward import scoring_reward_stage
 
 #: ``evaluator.reward``: what REINFORCE follows for the step's rubrics
 EVALUATOR_REWARDS: Registry[ER.EvaluatorReward] = Registry("evaluator.reward")
@@ -36,7 +36,7 @@ def build_objectives(cfg, reward: ER.EvaluatorReward) -> list[EvaluatorObjective
     """The step's objectives, in the order the step calls and folds them: the step credit (``reward.step``), the
     scoring tokens' reward (``evaluator.scoring_reward``), then ``reward``'s own objective, if it has one."""
     own = [reward.objective(cfg)] if reward.objective is not None else []
-    return [STEP_CREDIT.get(str(cfg.reward.step))(cfg), ScoringRewardStage.from_cfg(cfg), *own]
+    return [STEP_CREDIT.get(str(cfg.reward.step))(cfg), scoring_reward_stage(cfg.evaluator, cfg.reward), *own]
 
 
 def fold_objectives(objectives: Sequence[EvaluatorObjective], rubric_rows: list | None,

@@ -11,20 +11,22 @@ evaluator step), and only the solver's optimiser applies weight decay to them, o
 ``evaluator.optimizer: shared`` is the memory-saving alternative: the REINFORCE step goes through
 the solver's AdamW state and alpha weights the loss (what Adam largely cancels).
 
-**Warmup.** ``optim.warmup_steps`` SCORE steps from ``optim.warmup_start_ratio * lr`` to ``lr``; or,
-when ``optim.warmup_ratio`` is set, verl's ``lr_warmup_steps_ratio``: ``int(ratio * trainer.max_steps)``
-steps from lr 0 (so the first step does not move the weights, as in verl's constant-with-warmup
-schedule). Every scheduler steps once per SCORE step.
+**Warmup.** ``optim.warmup_steps`` SCORE steps from ``optim.warmup_start_ratio * lr`` to ``lr`` (verl's
+constant-with-warmup schedule is ``warmup_start_ratio=0``: the first step does not move the weights). Every
+scheduler steps once per SCORE step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
+
+if TYPE_CHECKING:
+    from score_lightning.config.schema import ActorConfig, EvaluatorConfig, OptimConfig
 
 
 @dataclass
@@ -37,43 +39,35 @@ class Optimizers:
     evaluator: int | None = None
 
 
-def warmup_factor(optim: DictConfig, max_steps: int) -> Callable[[int], float]:
+def warmup_factor(optim: "OptimConfig") -> Callable[[int], float]:
     """The lr multiplier at SCORE step ``s`` (see the module docstring)."""
-    ratio = optim.get("warmup_ratio")
-    if ratio is not None:
-        warm, start = int(float(ratio) * int(max_steps)), 0.0
-    else:
-        warm, start = int(optim.warmup_steps), float(optim.warmup_start_ratio)
+    warm, start = int(optim.warmup_steps), float(optim.warmup_start_ratio)
     return lambda s: 1.0 if warm <= 0 or s >= warm else start + (1.0 - start) * s / warm
 
 
-def evaluator_optimizer_mode(cfg: DictConfig) -> str:
-    """``evaluator.optimizer``: ``own`` (alpha is its lr ratio) or ``shared`` (alpha weights the loss)."""
-    return str(cfg.evaluator.get("optimizer", "own"))
-
-
-def loss_alpha(cfg: DictConfig) -> float:
-    """The factor the REINFORCE loss carries: 1 when alpha is the evaluator's lr ratio, else alpha."""
-    own = evaluator_optimizer_mode(cfg) == "own" or not bool(cfg.actor.shared)
-    return 1.0 if own else float(cfg.evaluator.alpha)
+def loss_alpha(evaluator: "EvaluatorConfig", actor: "ActorConfig") -> float:
+    """The factor the REINFORCE loss carries: 1 when alpha is the evaluator's lr ratio (``evaluator.optimizer=own``,
+    or a separate evaluator model with its own optimiser), else alpha."""
+    own = evaluator.optimizer == "own" or not bool(actor.shared)
+    return 1.0 if own else float(evaluator.alpha)
 
 
 def _trainable(model: nn.Module | None) -> list[nn.Parameter]:
     return [] if model is None else [p for p in model.parameters() if p.requires_grad]
 
 
-def build_optimizers(cfg: DictConfig, policy: nn.Module, evaluator_policy: nn.Module | None = None) -> Optimizers:
+def build_optimizers(optim: "OptimConfig", evaluator: "EvaluatorConfig", policy: nn.Module,
+                     evaluator_policy: nn.Module | None = None) -> Optimizers:
     """The solver's AdamW over the policy and, when the evaluator trains, its own (see the module docstring).
 
     ``evaluator_policy`` is the separate evaluator model (``actor.shared=false``), else ``None``.
     """
-    o = cfg.optim
-    factor = warmup_factor(o, int(cfg.trainer.max_steps))
+    o = optim
+    factor = warmup_factor(o)
     out = Optimizers()
 
     def add(params: list[nn.Parameter], lr: float, weight_decay: float) -> int:
-        opt = torch.optim.AdamW(params, lr=lr, betas=tuple(o.betas), weight_decay=weight_decay,
-                                eps=float(o.get("eps", 1e-8)))
+        opt = torch.optim.AdamW(params, lr=lr, betas=tuple(o.betas), weight_decay=weight_decay, eps=float(o.eps))
         out.optimizers.append(opt)
         out.schedulers.append(torch.optim.lr_scheduler.LambdaLR(opt, factor))
         return len(out.optimizers) - 1
@@ -82,14 +76,14 @@ def build_optimizers(cfg: DictConfig, policy: nn.Module, evaluator_policy: nn.Mo
     solver = _trainable(policy)
     if solver:
         out.solver = add(solver, lr, wd)
-    if not bool(cfg.evaluator.enabled):
+    if not bool(evaluator.enabled):
         return out
-    alpha = float(cfg.evaluator.alpha)
+    alpha = float(evaluator.alpha)
     if evaluator_policy is not None:  # a separate model: its own parameters, decay and moments
         params = _trainable(evaluator_policy)
         if params:
             out.evaluator = add(params, alpha * lr, wd)
-    elif evaluator_optimizer_mode(cfg) == "own" and solver:
+    elif evaluator.optimizer == "own" and solver:
         out.evaluator = add(solver, alpha * lr, 0.0)  # the same weights: the solver's optimiser decays them
     else:
         out.evaluator = out.solver  # shared state: alpha weights the loss (loss_alpha)

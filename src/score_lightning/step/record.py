@@ -8,16 +8,20 @@ depend on rank-local conditions.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from score_lightning.registry import Registry
 from score_lightning.step.dynamic_sampling import informative_groups
-from score_lightning.step.reward_assembly import RewardSettings, StepRewards
+from score_lightning.step.reward_assembly import StepRewards
 from score_lightning.step.rollout_correction import RolloutCorrection
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_update import SolverUpdateResult
 from score_lightning.step.types import StepRollouts
+
+if TYPE_CHECKING:
+    from score_lightning.config.schema import RewardConfig, VerifierConfig
 
 #: ``solver.agent``: what a workflow's trajectories add to the step's scalars, ``(scalars, trajectories) -> None``;
 #: a trajectory names its workflow in ``meta["agent"]`` (a workflow that names none adds nothing)
@@ -25,13 +29,14 @@ ROLLOUT_SCALARS: Registry[Callable[[StepScalars, list], None]] = Registry("solve
 
 
 def record_step(sc: StepScalars, ro: StepRollouts, rw: StepRewards, drawn: tuple[float, float, float],
-                settings: RewardSettings, num_rollouts: int) -> None:
-    """What every step records of its rollouts and rewards, before the updates: the rewards, the rollouts, the
-    ranking, and dynamic sampling's zero-variance groups and draws (``drawn``: groups without variance, groups,
-    draws)."""
-    record_rewards(sc, ro, rw, num_rollouts, settings.verifier_enabled, settings.zero)
+                reward: "RewardConfig", verifier: "VerifierConfig", num_rollouts: int) -> None:
+    """What every step records of its rollouts and rewards, before the updates: the rewards (as ``verifier`` gated
+    them), the rollouts, the ranking (by ``reward.rule_quality``), and dynamic sampling's zero-variance groups and
+    draws (``drawn``: groups without variance, groups, draws)."""
+    record_rewards(sc, ro, rw, num_rollouts, bool(verifier.enabled), str(verifier.zero))
     record_rollouts(sc, ro)
-    record_ranking(sc, ro, rw, num_rollouts, settings.rule_quality, settings.items_path)
+    items = reward.items_path
+    record_ranking(sc, ro, rw, num_rollouts, str(reward.rule_quality), None if items is None else str(items))
     sc.mean("solver/zero_variance_group_rate", drawn[0], drawn[1])
     sc.max("solver/sampling_draws", drawn[2])
 
@@ -117,7 +122,8 @@ def record_rollouts(sc: StepScalars, ro: StepRollouts) -> None:
     sc.sum("rollout/invalid_actions", float(sum(t.invalid_actions for t in solver)))
     generated = sum(t.num_model_tokens for t in solver + ro.scoring) + ro.rubrics.num_tokens
     sc.sum("rollout/generated_tokens", float(generated))
-    agent = solver[0].meta.get("agent") if solver else None  # solver.agent, the same on every rank
+    # the trajectories' solver.agent, the same on every rank
+    agent = solver[0].meta.get("agent") if solver else None  # data, not config
     if agent is not None and agent in ROLLOUT_SCALARS:
         ROLLOUT_SCALARS.get(agent)(sc, solver)
 
@@ -131,7 +137,7 @@ def record_solver_update(sc: StepScalars, upd: SolverUpdateResult,
                      ("entropy", "solver/entropy"), ("loss", "solver/loss")):
         sc.mean(tag, upd.sums[key], tokens)
     # the value each optimiser step minimised (optim.loss_type's normaliser), averaged over the step's updates
-    sc.mean("solver/objective", upd.sums.get("objective", 0.0), upd.sums.get("steps", 0.0))
+    sc.mean("solver/objective", upd.sums.get("objective", 0.0), upd.sums.get("steps", 0.0))  # data, not config
     sc.mean("solver/advantage_abs_mean", float(upd.advantages.abs().sum()), upd.advantages.numel())
     if upd.overlong is not None:  # reward.overlong: the penalty added to the rewards GRPO normalised (<= 0)
         sc.mean("solver/overlong_penalty", float(upd.overlong.sum()), upd.overlong.numel())

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -48,41 +49,17 @@ from score_lightning.roles.rubric import Rubric
 from score_lightning.rollout.trajectory import Trajectory
 from score_lightning.step.evaluations import GroupEvaluation, group_evaluations, meets_process_rules  # noqa: F401
 
+if TYPE_CHECKING:
+    from score_lightning.config.schema import EvaluatorConfig, RewardConfig, VerifierConfig
+
 CITATION_RULES = ("any", "retrieved")
 ON_INCOMPLETE = ("validity", "drop", "neutral")
 
 
-@dataclass(frozen=True)
-class RewardSettings:
-    """``reward.*`` and ``verifier.*`` from the config."""
-
-    require_citation: bool
-    min_answer_chars: int
-    verifier_enabled: bool
-    min_search_depth: int
-    zero: str = "reward"
-    citations: str = "any"  # reward.citations: any | retrieved (grounded validity)
-    scoring: str = "joint"  # evaluator.scoring: joint | pointwise
-    tau_from_harness: bool = False  # verifier.tau_from_harness
-    on_incomplete: str = "validity"  # evaluator.on_incomplete: validity | drop | neutral
-    source: str = "evaluator"  # reward.source: evaluator | rule (step/rule_rewards.py)
-    rule_quality: str = "retrieved_cited"  # reward.rule_quality: q(r) of the rule reward
-    score_readout: str = "sampled"  # evaluator.score_readout: sampled | expected (how the scores are read)
-    items_path: str | None = None  # reward.items_path: evidence items for rule_quality=item_recall (None: embedded)
-    evaluator_source: str = "policy"  # evaluator.source: policy (the evaluator role scores) | external (an LLM judge)
-
-    @classmethod
-    def from_cfg(cls, cfg) -> "RewardSettings":
-        source = str(cfg.evaluator.get("source", "policy"))
-        # an external judge's failed judgement is never a score: its report leaves the update (step/judge_scoring.py)
-        on_incomplete = "drop" if source == "external" else str(cfg.evaluator.get("on_incomplete", "validity"))
-        return cls(bool(cfg.reward.require_citation), int(cfg.reward.min_answer_chars), bool(cfg.verifier.enabled),
-                   int(cfg.verifier.min_search_depth), str(cfg.verifier.get("zero", "reward")),
-                   str(cfg.reward.get("citations", "any")), str(cfg.evaluator.get("scoring", "joint")),
-                   bool(cfg.verifier.get("tau_from_harness", False)), on_incomplete,
-                   str(cfg.reward.get("source", "evaluator")), str(cfg.reward.get("rule_quality", "retrieved_cited")),
-                   str(cfg.evaluator.get("score_readout", "sampled")),
-                   None if cfg.reward.get("items_path") is None else str(cfg.reward.items_path), source)
+def on_incomplete(evaluator: "EvaluatorConfig") -> str:
+    """What an unjudged report costs: ``evaluator.on_incomplete``, except under an external judge (``evaluator.source
+    =external``), whose failed judgement is never a score: its report leaves the update (step/judge_scoring.py)."""
+    return "drop" if str(evaluator.source) == "external" else str(evaluator.on_incomplete)
 
 
 @dataclass
@@ -172,29 +149,37 @@ def effective_tau(min_search_depth: int, state: HarnessState, from_harness: bool
     return max(int(min_search_depth), int(state.process_constraints.min_number_of_tool_call))
 
 
-def parse_answers(solver: Sequence[Trajectory], tokenizer, settings: RewardSettings) -> list[AnswerParse]:
-    """a(r) and the report text of every solver trajectory (judged on model-written tokens only)."""
-    grounded = settings.citations == "retrieved"
-    return [parse_answer(t.model_text(tokenizer), t.truncated, require_citation=settings.require_citation,
-                         min_chars=settings.min_answer_chars, retrieved=t.retrieved_ids, require_grounded=grounded)
+def verifier_tau(verifier: "VerifierConfig", state: HarnessState) -> int:
+    """tau_s of this step: :func:`effective_tau` of ``verifier.min_search_depth`` and ``verifier.tau_from_harness``."""
+    return effective_tau(int(verifier.min_search_depth), state, bool(verifier.tau_from_harness))
+
+
+def parse_answers(solver: Sequence[Trajectory], tokenizer, reward: "RewardConfig") -> list[AnswerParse]:
+    """a(r) and the report text of every solver trajectory (judged on model-written tokens only), under ``reward``'s
+    validity rules (``require_citation``, ``min_answer_chars``, ``citations``)."""
+    grounded = str(reward.citations) == "retrieved"
+    return [parse_answer(t.model_text(tokenizer), t.truncated, require_citation=bool(reward.require_citation),
+                         min_chars=int(reward.min_answer_chars), retrieved=t.retrieved_ids, require_grounded=grounded)
             for t in solver]
 
 
 def assemble_rewards(
     answers: Sequence[AnswerParse], scoring: Sequence[Trajectory], rubrics: Sequence[Rubric], state: HarnessState,
-    num_reports: int, settings: RewardSettings, tokenizer,
+    num_reports: int, evaluator: "EvaluatorConfig", verifier: "VerifierConfig", tokenizer,
 ) -> StepRewards:
-    """Parse each query's evaluation(s) under that query's rubric and combine validity, scores, gates and the verifier."""
-    groups = group_evaluations(scoring, rubrics, num_reports, settings.scoring, state.process_constraints, tokenizer,
-                               settings.score_readout)
-    tau = effective_tau(settings.min_search_depth, state, settings.tau_from_harness)
-    return rewards_from_evaluations(answers, groups, rubrics, num_reports, tau, settings)
+    """Parse each query's evaluation(s) under that query's rubric (``evaluator.scoring``, ``evaluator.score_readout``)
+    and combine validity, scores, gates and the verifier."""
+    groups = group_evaluations(scoring, rubrics, num_reports, str(evaluator.scoring), state.process_constraints,
+                               tokenizer, str(evaluator.score_readout))
+    return rewards_from_evaluations(answers, groups, rubrics, num_reports, verifier_tau(verifier, state), verifier,
+                                    on_incomplete(evaluator))
 
 
 def rewards_from_evaluations(answers: Sequence[AnswerParse], groups: Sequence[GroupEvaluation],
-                             rubrics: Sequence[Rubric], num_reports: int, tau: int,
-                             settings: RewardSettings) -> StepRewards:
-    """The process gate per evaluation, then :func:`combine`; pure, so tests can feed hand-made evaluations."""
+                             rubrics: Sequence[Rubric], num_reports: int, tau: int, verifier: "VerifierConfig",
+                             unjudged: str) -> StepRewards:
+    """The process gate per evaluation, then :func:`combine`; pure, so tests can feed hand-made evaluations.
+    ``unjudged``: what an unjudged report costs (:func:`on_incomplete`)."""
     matrices: list[Tensor] = []
     for g, rubric in zip(groups, rubrics):
         matrix = torch.tensor(g.parse.score_matrix(rubric, num_reports), dtype=torch.float32).reshape(num_reports, -1)
@@ -202,12 +187,12 @@ def rewards_from_evaluations(answers: Sequence[AnswerParse], groups: Sequence[Gr
         matrices.append(torch.where(ok, matrix, torch.zeros_like(matrix)))
     out = combine(answers, matrices, rubrics, [d for g in groups for d in g.depth],
                   [ok for g in groups for ok in g.process_ok], [v for g in groups for v in g.evaluations_valid], tau,
-                  settings)
+                  verifier)
     out.reports_valid = [g.report_valid(rid) for g in groups for rid in range(1, num_reports + 1)]
     out.complete = [g.complete for g in groups]
     out.judged = [j for g in groups for j in (g.judged or (g.complete,) * num_reports)]
-    out.on_incomplete = settings.on_incomplete
-    if settings.on_incomplete == "validity":
+    out.on_incomplete = unjudged
+    if unjudged == "validity":
         judged = torch.tensor(out.judged, dtype=torch.bool)
         out.rewards = torch.where(judged, out.rewards, out.validity)
         out.rubric_part = torch.where(judged, out.rubric_part, torch.zeros_like(out.rubric_part))
@@ -216,12 +201,14 @@ def rewards_from_evaluations(answers: Sequence[AnswerParse], groups: Sequence[Gr
 
 def combine(
     answers: Sequence[AnswerParse], matrices: Sequence[Tensor], rubrics: Sequence[Rubric], depth: Sequence[int],
-    process_ok: Sequence[bool], eval_valid: list[bool], tau: int, settings: RewardSettings,
+    process_ok: Sequence[bool], eval_valid: list[bool], tau: int, verifier: "VerifierConfig",
 ) -> StepRewards:
-    """The tensor arithmetic of :func:`assemble_rewards`, on already-parsed inputs (one matrix per query)."""
+    """The tensor arithmetic of :func:`assemble_rewards`, on already-parsed inputs (one matrix per query), under
+    ``verifier.enabled`` and ``verifier.zero``."""
     validity = torch.tensor([float(a.valid) for a in answers], dtype=torch.float32)
     parts = torch.cat([rubric_part(m, r) for m, r in zip(matrices, rubrics)]) if matrices else validity.new_zeros(0)
     depth_t = torch.tensor(list(depth), dtype=torch.long)
-    rewards, parts, verified = rewards_from_parts(validity, parts, depth_t, tau, settings.verifier_enabled, settings.zero)
+    rewards, parts, verified = rewards_from_parts(validity, parts, depth_t, tau, bool(verifier.enabled),
+                                                  str(verifier.zero))
     return StepRewards(list(answers), validity, list(matrices), parts, depth_t, verified,
                        torch.tensor(list(process_ok), dtype=torch.bool), eval_valid, rewards, tau)

@@ -40,14 +40,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from score_lightning.rollout.modes import stale_rollouts
+if TYPE_CHECKING:
+    from score_lightning.config.schema import LossConfig, OptimConfig, RolloutConfig
 
 __all__ = ["MODES", "ISWeights", "RolloutCorrection", "batch_correction", "behaviour_logprobs", "importance_weights",
-           "mismatch_sums", "resolve_mode", "token_log_ratio", "weight_sums"]
+           "mismatch_sums", "resolve_mode", "rollout_correction", "token_log_ratio", "weight_sums"]
 
 MODES = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
@@ -90,14 +92,6 @@ class RolloutCorrection:
     clip_max: float = 3.0  # C_max (TRL's default); always set, so no weight is unbounded
     kl_is_weighted: bool = False  # loss.kl_is_weighted: KL term x pi_theta / pi_old
 
-    @classmethod
-    def from_cfg(cls, cfg) -> "RolloutCorrection":
-        o = cfg.optim
-        mode = resolve_mode(str(o.get("rollout_correction", "auto")), str(cfg.rollout.engine), stale_rollouts(cfg))
-        lo = o.get("rollout_correction_clip_min")
-        return cls(mode, None if lo is None else float(lo), float(o.get("rollout_correction_clip_max", 3.0)),
-                   bool(cfg.loss.get("kl_is_weighted", False)))
-
     @property
     def active(self) -> bool:
         return self.mode != "none"
@@ -110,6 +104,17 @@ class RolloutCorrection:
                 sequence_ids: Tensor | None = None) -> "ISWeights":
         return importance_weights(old_logp, behaviour_logp, mask, self.mode, self.clip_min, self.clip_max,
                                   sequence_ids)
+
+
+def rollout_correction(optim: "OptimConfig", loss: "LossConfig", rollout: "RolloutConfig") -> RolloutCorrection:
+    """The solver's and the evaluator's correction: ``optim.rollout_correction*`` and ``loss.kl_is_weighted``, with
+    ``auto`` resolved for ``rollout.engine`` and ``rollout.mode`` (stale: async with ``max_staleness >= 1``, as
+    :func:`score_lightning.rollout.modes.stale_rollouts`)."""
+    stale = str(rollout.mode) == "async" and int(rollout.max_staleness) >= 1
+    lo = optim.rollout_correction_clip_min
+    return RolloutCorrection(resolve_mode(str(optim.rollout_correction), str(rollout.engine), stale),
+                             None if lo is None else float(lo), float(optim.rollout_correction_clip_max),
+                             bool(loss.kl_is_weighted))
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from score_lightning import protocol as P
 from score_lightning.harness.state import HarnessState
@@ -27,6 +27,9 @@ from score_lightning.rollout.engine import RolloutEngine
 from score_lightning.rollout.trajectory import Trajectory
 from score_lightning.rollout.workflows import SOLVER_WORKFLOWS, rollout_metas
 
+if TYPE_CHECKING:
+    from score_lightning.config.schema import EvaluatorConfig, SolverConfig
+
 log = logging.getLogger(__name__)
 
 
@@ -41,7 +44,7 @@ class RolloutSettings:
     max_report_tokens: int  # each report is cut to this many tokens inside the scoring prompt
     conclusion_line: bool = True  # ask the solver to end with "Conclusion: ..."
     agent: str = "react"  # solver.agent: the registered workflow (rollout/workflows.py): react | mams | rubricem
-    options: Any = None  # that workflow's own budgets (SolverWorkflow.options_from_cfg; mams: solver.mams.*)
+    options: Any = None  # that workflow's own budgets (SolverWorkflow.options_from_solver; mams: solver.mams.*)
     constrained_scoring: bool = False  # evaluator.constrained_scoring: scoring turns held to the rubric's XML
     constrained_max_chars: dict | None = None  # evaluator.constrained_max_chars: caps of its free-text fields
     scoring_protocol: str = "joint"  # evaluator.scoring: joint (one evaluation of all K) | pointwise (one per report)
@@ -52,41 +55,43 @@ class RolloutSettings:
     passage_tokens: int = 48  # evaluator.passage_tokens: each cited passage cut to this many tokens
     max_cited_passages: int = 4  # evaluator.max_cited_passages: at most this many per report (first cited first)
 
-    @classmethod
-    def from_cfg(cls, cfg) -> "RolloutSettings":
-        s, e = cfg.solver, cfg.evaluator
-        solver = AgentConfig(
-            max_tool_calls=int(s.max_tool_calls), max_response_tokens=int(s.max_response_tokens),
-            max_observation_tokens=int(s.max_observation_tokens), topk=int(s.topk),
-            temperature=float(s.temperature), top_p=float(s.top_p), finish_tag=P.ANSWER_CLOSE,
-        )
-        scoring = AgentConfig(
-            max_tool_calls=int(e.max_tool_calls), max_response_tokens=int(e.max_response_tokens),
-            max_observation_tokens=int(e.get("max_observation_tokens", s.max_observation_tokens)), topk=int(s.topk),
-            temperature=scoring_temperature(cfg), finish_tag=P.EVALS_CLOSE, allow_search=int(e.max_tool_calls) > 0,
-            observations_in_budget=False,  # evaluator.max_response_tokens counts what it writes (budgets.py)
-        )
-        agent = str(s.get("agent", "react"))
-        return cls(int(s.num_rollouts), int(s.max_prompt_tokens), solver, scoring, int(e.max_report_tokens),
-                   bool(s.get("conclusion_line", True)), agent, SOLVER_WORKFLOWS.get(agent).options_from_solver(cfg.solver),
-                   bool(e.get("constrained_scoring", False)), constrained_max_chars(cfg),
-                   str(e.get("scoring", "joint")), bool(e.get("show_retrieved", False)),
-                   int(e.get("max_prompt_tokens", s.max_prompt_tokens)), str(e.get("score_readout", "sampled")),
-                   bool(e.get("show_passages", False)), int(e.get("passage_tokens", 48)),
-                   int(e.get("max_cited_passages", 4)))
+
+def rollout_settings(solver: "SolverConfig", evaluator: "EvaluatorConfig") -> RolloutSettings:
+    """The solver's and the scoring loops' budgets and sampling, from the ``solver`` and ``evaluator`` nodes (the
+    scoring loop searches with the solver's ``topk``); the workflow ``solver.agent`` names builds its own options
+    from the solver node (``SolverWorkflow.options_from_solver``)."""
+    s, e = solver, evaluator
+    solver_loop = AgentConfig(
+        max_tool_calls=int(s.max_tool_calls), max_response_tokens=int(s.max_response_tokens),
+        max_observation_tokens=int(s.max_observation_tokens), topk=int(s.topk),
+        temperature=float(s.temperature), top_p=float(s.top_p), finish_tag=P.ANSWER_CLOSE,
+    )
+    scoring = AgentConfig(
+        max_tool_calls=int(e.max_tool_calls), max_response_tokens=int(e.max_response_tokens),
+        max_observation_tokens=int(e.max_observation_tokens), topk=int(s.topk),
+        temperature=scoring_temperature(e), finish_tag=P.EVALS_CLOSE, allow_search=int(e.max_tool_calls) > 0,
+        observations_in_budget=False,  # evaluator.max_response_tokens counts what it writes (budgets.py)
+    )
+    agent = str(s.agent)
+    return RolloutSettings(int(s.num_rollouts), int(s.max_prompt_tokens), solver_loop, scoring,
+                           int(e.max_report_tokens), bool(s.conclusion_line), agent,
+                           SOLVER_WORKFLOWS.get(agent).options_from_solver(s), bool(e.constrained_scoring),
+                           constrained_max_chars(e), str(e.scoring), bool(e.show_retrieved), int(e.max_prompt_tokens),
+                           str(e.score_readout), bool(e.show_passages), int(e.passage_tokens),
+                           int(e.max_cited_passages))
 
 
-def constrained_max_chars(cfg) -> dict[str, int] | None:
+def constrained_max_chars(evaluator: "EvaluatorConfig") -> dict[str, int] | None:
     """``evaluator.constrained_max_chars`` as a plain dict (``None``: the grammar's defaults)."""
-    caps = cfg.evaluator.get("constrained_max_chars")
+    caps = evaluator.constrained_max_chars
     return {str(k): int(v) for k, v in caps.items()} if caps else None
 
 
-def scoring_temperature(cfg) -> float:
+def scoring_temperature(evaluator: "EvaluatorConfig") -> float:
     """``evaluator.scoring_temperature``, else ``evaluator.temperature``. Scoring tokens are never trained
     (REINFORCE trains the rubric), so their temperature only trades judge noise against diversity; 0 is greedy."""
-    t = cfg.evaluator.get("scoring_temperature")
-    return float(cfg.evaluator.temperature if t is None else t)
+    t = evaluator.scoring_temperature
+    return float(evaluator.temperature if t is None else t)
 
 
 def initial_evidence(retriever: Retriever, queries: Sequence[str], topk: int) -> tuple[list[list[EvidenceDoc]], int]:

@@ -34,10 +34,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from score_lightning.rewards.functions import EMABaseline
 from score_lightning.step.evaluator_objective import EvaluatorObjective, StepView
 from score_lightning.step.evaluator_phase import centre, fold_rows
+
+if TYPE_CHECKING:
+    from score_lightning.config.schema import EvaluatorConfig, RewardConfig
 
 SCORING_REWARDS = ("none", "pairwise_recall")
 
@@ -112,12 +116,6 @@ class ScoringRewardStage(EvaluatorObjective):
         self.baseline = EMABaseline(ema_beta)
         self.judgement = ScoringJudgement()  # the step's, once judged (the step records it)
 
-    @classmethod
-    def from_cfg(cls, cfg) -> "ScoringRewardStage":
-        items = cfg.reward.get("items_path")
-        return cls(str(cfg.evaluator.get("scoring_reward", "none")), float(cfg.evaluator.ema_beta),
-                   None if items is None else str(items))
-
     def judge(self, step: StepView) -> None:
         """Rewards and advantages of this rank's evaluations, kept as the step's :class:`ScoringJudgement` (empty
         when ``evaluator.scoring_reward=none``); collective when on: the baseline is pooled. No token bonus."""
@@ -157,6 +155,9 @@ class ScoringRewardStage(EvaluatorObjective):
             self.baseline.load_state_dict(state["scoring_baseline"])
 
 
-def scoring_reward_on(cfg) -> bool:
-    return str(cfg.evaluator.get("scoring_reward", "none")) != "none"
+def scoring_reward_stage(evaluator: "EvaluatorConfig", reward: "RewardConfig") -> ScoringRewardStage:
+    """``evaluator.scoring_reward`` with its baseline's ``evaluator.ema_beta``, over ``reward.items_path``'s items."""
+    items = reward.items_path
+    return ScoringRewardStage(str(evaluator.scoring_reward), float(evaluator.ema_beta),
+                              None if items is None else str(items))
 

@@ -24,7 +24,9 @@ from score_lightning.rollout.trajectory import Trajectory
 from score_lightning.step.record import record_solver_update
 from score_lightning.step.scalars import StepScalars
 from score_lightning.step.solver_rows import TokenBonus
-from score_lightning.step.solver_update import GRPOSettings, OptimizerHooks, SolverUpdateResult, solver_update
+from score_lightning.step.rollout_correction import rollout_correction
+from score_lightning.step.solver_update import (GRPOSettings, OptimizerHooks, SolverUpdateResult, grpo_settings,
+                                                solver_update)
 
 
 @dataclass
@@ -95,4 +97,11 @@ class GRPOObjective(SolverObjective):
         return super().record(scalars, result)
 
 
-SOLVER_OBJECTIVES.register("grpo", SolverObjectiveEntry(lambda cfg: GRPOObjective(GRPOSettings.from_cfg(cfg))))
+def build_grpo(cfg) -> GRPOObjective:
+    """``solver.objective=grpo`` from the run's ``solver``, ``optim``, ``loss`` and ``reward`` nodes, with the
+    engine-trainer correction ``rollout`` resolves."""
+    correction = rollout_correction(cfg.optim, cfg.loss, cfg.rollout)
+    return GRPOObjective(grpo_settings(cfg.solver, cfg.optim, cfg.loss, cfg.reward, correction))
+
+
+SOLVER_OBJECTIVES.register("grpo", SolverObjectiveEntry(build_grpo))

@@ -28,19 +28,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from score_lightning import distributed as D
 from score_lightning.step.batching import TokenBatch, build_token_batch, policy_logprobs
-from score_lightning.step.loss_registry import (loss_scale, normaliser, policy_loss, resolve_scale_rewards,
-                                                scaled_advantages)
+from score_lightning.step.loss_registry import loss_scale, normaliser, policy_loss, scaled_advantages
 from score_lightning.step.loss_variants import default_buffer_len, overlong_penalty
 from score_lightning.step.rollout_correction import RolloutCorrection, batch_correction
 from score_lightning.rollout.trajectory import Trajectory
 from score_lightning.rollout.workflows import SOLVER_WORKFLOWS
 from score_lightning.step.solver_rows import TokenBonus, token_advantages, training_rows
+
+if TYPE_CHECKING:
+    from score_lightning.config.schema import LossConfig, OptimConfig, RewardConfig, SolverConfig
 
 
 @dataclass(frozen=True)
@@ -55,28 +58,14 @@ class GRPOSettings:
     kl_coef: float
     kl_clamp: float
     entropy_coef: float
-    norm_adv_by_std: bool
     adv_eps: float
     share_prompt: bool = False  # one packed forward per prompt group (optim.share_prompt_forward)
     correction: RolloutCorrection = RolloutCorrection()  # optim.rollout_correction (engine-trainer IS weights)
     loss_type: str = "grpo"  # optim.loss_type (step/loss_registry.py)
-    scale_rewards: str = "group"  # optim.scale_rewards when norm_adv_by_std (false: none)
+    scale_rewards: str = "group"  # optim.scale_rewards: group | batch | none
     max_response_tokens: int = 0  # a trajectory's most response tokens: dr_grpo's constant, reward.overlong's cap
     mask_truncated: bool = False  # solver.mask_truncated
     overlong: "OverlongShaping | None" = None  # reward.overlong (None: off)
-
-    @classmethod
-    def from_cfg(cls, cfg) -> "GRPOSettings":
-        o, loss = cfg.optim, cfg.loss
-        scale = resolve_scale_rewards(o.get("scale_rewards"), loss.get("norm_adv_by_std"))
-        return cls(int(cfg.solver.num_rollouts), float(cfg.solver.temperature), int(o.mini_batch_size),
-                   int(o.micro_batch_size), int(o.ppo_epochs), float(o.get("clip_ratio_low", loss.clip_ratio_low)),
-                   float(o.get("clip_ratio_high", loss.clip_ratio_high)), float(loss.kl_coef), float(loss.kl_clamp),
-                   float(loss.entropy_coef), scale != "none", float(loss.adv_eps),
-                   bool(o.get("share_prompt_forward", False)), correction=RolloutCorrection.from_cfg(cfg),
-                   loss_type=str(o.get("loss_type", "grpo")), scale_rewards=scale,
-                   max_response_tokens=trajectory_cap(cfg),
-                   mask_truncated=bool(cfg.solver.get("mask_truncated", False)), overlong=OverlongShaping.from_cfg(cfg))
 
     def mini_batches(self, num_queries: int, world: int) -> list[list[int]]:
         """This rank's trajectory rows of each optimiser step.
@@ -95,11 +84,25 @@ class GRPOSettings:
         return [[q * k + j for q in range(num_queries) if q % n == m for j in range(k)] for m in range(n)]
 
 
-def trajectory_cap(cfg) -> int:
+def grpo_settings(solver: "SolverConfig", optim: "OptimConfig", loss: "LossConfig", reward: "RewardConfig",
+                  correction: RolloutCorrection) -> GRPOSettings:
+    """Phase 1's plan: the group size and the solver's temperature, ``optim``'s batches, clip and loss variant,
+    ``loss``'s KL and entropy terms, ``reward.overlong``'s shaping; ``correction`` is the run's engine-trainer
+    correction (:func:`~score_lightning.step.rollout_correction.rollout_correction`), shared with the evaluator."""
+    o = optim
+    return GRPOSettings(int(solver.num_rollouts), float(solver.temperature), int(o.mini_batch_size),
+                        int(o.micro_batch_size), int(o.ppo_epochs), float(o.clip_ratio_low), float(o.clip_ratio_high),
+                        float(loss.kl_coef), float(loss.kl_clamp), float(loss.entropy_coef), float(loss.adv_eps),
+                        bool(o.share_prompt_forward), correction=correction, loss_type=str(o.loss_type),
+                        scale_rewards=str(o.scale_rewards), max_response_tokens=trajectory_cap(solver),
+                        mask_truncated=bool(solver.mask_truncated), overlong=overlong_shaping(reward, solver))
+
+
+def trajectory_cap(solver: "SolverConfig") -> int:
     """The most response tokens one trajectory holds, as the run's workflow says (``SolverWorkflow.trajectory_tokens``):
     ``solver.max_response_tokens``, or under ``solver.agent=mams`` (one trajectory, many role calls, each with its own
     budget) the sum of its role calls' budgets, so that dr_grpo's sequence is the whole trajectory, not one role call."""
-    return SOLVER_WORKFLOWS.get(str(cfg.solver.agent)).trajectory_tokens(cfg.solver)
+    return SOLVER_WORKFLOWS.get(str(solver.agent)).trajectory_tokens(solver)
 
 
 @dataclass(frozen=True)
@@ -114,18 +117,20 @@ class OverlongShaping:
     buffer_len: int
     factor: float = 1.0
 
-    @classmethod
-    def from_cfg(cls, cfg) -> "OverlongShaping | None":
-        ov = cfg.reward.get("overlong") or {}
-        if not bool(ov.get("enabled", False)):
-            return None
-        cap = int(cfg.solver.max_response_tokens)
-        buf = ov.get("buffer_len")
-        return cls(cap, default_buffer_len(cap) if buf is None else int(buf), float(ov.get("penalty_factor", 1.0)))
-
     def penalty(self, trajs: Sequence[Trajectory]) -> Tensor:
         lengths = torch.tensor([len(t.response_ids) for t in trajs], dtype=torch.float32)
         return overlong_penalty(lengths, self.max_len, self.buffer_len, self.factor)
+
+
+def overlong_shaping(reward: "RewardConfig", solver: "SolverConfig") -> OverlongShaping | None:
+    """``reward.overlong`` against the cap ``solver.max_response_tokens`` (``buffer_len`` null: a fifth of it), or
+    None when it is off."""
+    ov = reward.overlong
+    if not bool(ov.enabled):
+        return None
+    cap = int(solver.max_response_tokens)
+    buf = ov.buffer_len
+    return OverlongShaping(cap, default_buffer_len(cap) if buf is None else int(buf), float(ov.penalty_factor))
 
 
 @dataclass
@@ -180,8 +185,7 @@ def solver_update(policy: nn.Module, ref: nn.Module | None, trajs: Sequence[Traj
     include = None if exclude is None else ~exclude.to(torch.bool)
     overlong = s.overlong.penalty(trajs) if s.overlong is not None else None
     shaped = rewards if overlong is None else rewards + overlong.to(rewards.device)
-    scale = s.scale_rewards if s.norm_adv_by_std else "none"
-    adv = scaled_advantages(shaped, s.num_rollouts, scale, eps=s.adv_eps, include=include,
+    adv = scaled_advantages(shaped, s.num_rollouts, s.scale_rewards, eps=s.adv_eps, include=include,
                             batch_std=lambda: _global_reward_std(shaped, include))  # read by the batch scaling only
     if neutral is not None:
         adv = adv.masked_fill(neutral.to(adv.device), 0.0)
