@@ -45,6 +45,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from score_lightning.rollout.modes import stale_rollouts
+
 if TYPE_CHECKING:
     from score_lightning.config.schema import LossConfig, OptimConfig, RolloutConfig
 
@@ -108,11 +110,9 @@ class RolloutCorrection:
 
 def rollout_correction(optim: "OptimConfig", loss: "LossConfig", rollout: "RolloutConfig") -> RolloutCorrection:
     """The solver's and the evaluator's correction: ``optim.rollout_correction*`` and ``loss.kl_is_weighted``, with
-    ``auto`` resolved for ``rollout.engine`` and ``rollout.mode`` (stale: async with ``max_staleness >= 1``, as
-    :func:`score_lightning.rollout.modes.stale_rollouts`)."""
-    stale = str(rollout.mode) == "async" and int(rollout.max_staleness) >= 1
+    ``auto`` resolved for ``rollout.engine`` and whether its batches may be stale (``rollout.mode=async``)."""
     lo = optim.rollout_correction_clip_min
-    return RolloutCorrection(resolve_mode(str(optim.rollout_correction), str(rollout.engine), stale),
+    return RolloutCorrection(resolve_mode(str(optim.rollout_correction), str(rollout.engine), stale_rollouts(rollout)),
                              None if lo is None else float(lo), float(optim.rollout_correction_clip_max),
                              bool(loss.kl_is_weighted))
 
