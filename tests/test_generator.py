@@ -23,20 +23,25 @@ def _cfg(*overrides: str):
     return compose(FAST + list(overrides))
 
 
+def _build(cfg, *args, **kwargs):
+    """The engines of ``cfg``'s rollout and actor nodes."""
+    return build_engines(cfg.rollout, cfg.actor, *args, **kwargs)
+
+
 def test_hf_engines_run_on_each_roles_model_with_the_rollout_keys(tokenizer):
     solver, evaluator = object(), object()
     cfg = _cfg("rollout.max_batch_size=7", "rollout.grammar_fast_forward=false")
-    engines = build_engines(cfg, tokenizer, lambda: solver, lambda: evaluator)
+    engines = _build(cfg, tokenizer, lambda: solver, lambda: evaluator)
     assert all(isinstance(e, HFEngine) for e in engines[:2]) and engines.vllm is None
     assert engines.solver._model_getter() is solver and engines.evaluator._model_getter() is evaluator
     assert [(e.max_batch_size, e.fast_forward, e.collective) for e in engines[:2]] == [(7, False, False)] * 2
-    sharded = build_engines(_cfg(), tokenizer, lambda: solver, lambda: evaluator, collective=True)
+    sharded = _build(_cfg(), tokenizer, lambda: solver, lambda: evaluator, collective=True)
     # a collective module: every rank makes the same forwards, so no stored prefix and no grammar fast-forward
     assert [(e.collective, e.fast_forward, e.prefix_store.max_rows) for e in sharded[:2]] == [(True, False, 0)] * 2
 
 
 def test_scripted_roles_share_one_engine(tokenizer):
-    engines = build_engines(_cfg("rollout=scripted"), tokenizer, None, None)
+    engines = _build(_cfg("rollout=scripted"), tokenizer, None, None)
     assert isinstance(engines.solver, ScriptedEngine) and engines.evaluator is engines.solver
     assert isinstance(engines.solver.respond, ProtocolResponder)
 
@@ -49,7 +54,7 @@ def test_scripted_roles_share_one_engine(tokenizer):
 def test_vllm_evaluator_engine_follows_the_config(tokenizer, overrides, evaluator_on_vllm):
     started, evaluator = [], object()
     vllm = lambda: started.append("vllm") or "the vLLM engine"  # noqa: E731 - the caller's way to start it
-    engines = build_engines(_cfg("rollout=vllm", *overrides), tokenizer, object, lambda: evaluator, vllm=vllm)
+    engines = _build(_cfg("rollout=vllm", *overrides), tokenizer, object, lambda: evaluator, vllm=vllm)
     assert started == ["vllm"] and engines.solver == engines.vllm == "the vLLM engine"
     if evaluator_on_vllm:
         assert engines.evaluator == "the vLLM engine"
@@ -59,11 +64,12 @@ def test_vllm_evaluator_engine_follows_the_config(tokenizer, overrides, evaluato
 
 def test_engine_builder_refusals_and_collective_forwards(tokenizer):
     with pytest.raises(ValueError, match="pass vllm="):
-        build_engines(_cfg("rollout=vllm"), tokenizer, object, object)
+        _build(_cfg("rollout=vllm"), tokenizer, object, object)
     with pytest.raises(ValueError, match="rollout.engine='sglang' has no engine builder: one of hf, vllm, scripted"):
-        build_engines(_cfg(), tokenizer, object, object, kind="sglang")
-    assert collective_forwards(_cfg("strategy=fsdp"), 2) and not collective_forwards(_cfg("strategy=fsdp"), 1)
-    assert not collective_forwards(_cfg(), 2)
+        _build(_cfg(), tokenizer, object, object, kind="sglang")
+    fsdp = _cfg("strategy=fsdp").strategy
+    assert collective_forwards(fsdp, 2) and not collective_forwards(fsdp, 1)
+    assert not collective_forwards(_cfg().strategy, 2)
 
 
 def test_the_module_generates_with_what_it_holds_now(tiny_ckpt, bm25):

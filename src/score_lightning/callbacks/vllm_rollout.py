@@ -105,9 +105,9 @@ class VLLMRolloutCallback(Callback):
         kw = self._engine_kwargs(trainer, pl_module)
         # the solver's rollouts on vLLM; the evaluator's on it too for a shared actor with
         # rollout.evaluator_engine=vllm, else on HF generate() over the evaluator's module
-        engines = build_engines(pl_module.cfg, pl_module.tokenizer, lambda: pl_module.policy,
-                                lambda: pl_module.eval_model,
-                                collective=collective_forwards(pl_module.cfg, getattr(trainer, "world_size", 1)),
+        collective = collective_forwards(pl_module.cfg.strategy, getattr(trainer, "world_size", 1))
+        engines = build_engines(pl_module.cfg.rollout, pl_module.cfg.actor, pl_module.tokenizer,
+                                lambda: pl_module.policy, lambda: pl_module.eval_model, collective=collective,
                                 vllm=lambda: VLLMEngine(str(pl_module.model_path), **kw))
         self.engine = engines.vllm
         pl_module.engine, pl_module.evaluator_engine = engines.solver, engines.evaluator

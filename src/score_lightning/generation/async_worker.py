@@ -134,7 +134,7 @@ class WorkerHost:
             for model in {id(x): x for x in self.models.values()}.values():
                 model.requires_grad_(False)
                 model.to(self.spec.device)
-        engines = build_engines(c, self.generator.tokenizer, lambda: solver, lambda: evaluator,
+        engines = build_engines(c.rollout, c.actor, self.generator.tokenizer, lambda: solver, lambda: evaluator,
                                 vllm=lambda: _vllm_engine(self.spec, c))
         self.vllm = engines.vllm
         return engines

@@ -54,9 +54,10 @@ class BuildingHooks:
             return  # rollout=vllm rollout.mode=sync: the vLLM callback installs its engine on fit start
         # rollout=vllm rollout.mode=async: the worker owns the vLLM engine; what the trainer still generates
         # (step judgements, preference pairs) runs on HF engines over its own modules (no weight copy)
-        self.generator.use(build_engines(self.cfg, self.tokenizer, lambda: self.policy, lambda: self.eval_model,
+        self.generator.use(build_engines(self.cfg.rollout, self.cfg.actor, self.tokenizer, lambda: self.policy,
+                                         lambda: self.eval_model,
                                          kind="hf" if kind == "vllm" else kind,
-                                         collective=collective_forwards(self.cfg, self.trainer.world_size)))
+                                         collective=collective_forwards(self.cfg.strategy, self.trainer.world_size)))
 
     def teardown(self, stage: str) -> None:
         self.close_workers()
