@@ -32,13 +32,9 @@ KEYWORDS = ("the", "json", "python", "module", "file", "data", "<answer>", "</an
 
 def compose(overrides: list[str]):
     """The project's real Hydra config (``configs/train.yaml``) with overrides, as the tests compose it."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from score_lightning.launch.schema import compose_config
 
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return hydra_compose(config_name="train", overrides=overrides)
+    return compose_config(overrides, ROOT / "configs")
 
 
 def tiny_checkpoint() -> Path:

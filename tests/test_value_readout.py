@@ -210,7 +210,7 @@ def test_config_validation_refuses_expected_where_it_cannot_work():
     with pytest.raises(ConfigError, match="grammar_fast_forward=true"):
         validate_config(compose(FAST + ["evaluator.score_readout=expected", "rollout=vllm", "rollout.evaluator_engine=hf",
                                         "rollout.grammar_fast_forward=false"]))
-    with pytest.raises(ConfigError, match="rollout.evaluator_engine='vlm': allowed 'vllm' or 'hf'"):
+    with pytest.raises(ConfigError, match="rollout.evaluator_engine='vlm': allowed one of: vllm, hf"):
         validate_config(compose(FAST + ["rollout=vllm", "rollout.evaluator_engine=vlm"]))
     with pytest.raises(ConfigError, match="score_readout='mean'"):
         validate_config(compose(FAST + ["evaluator.score_readout=mean"]))

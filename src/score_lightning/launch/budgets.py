@@ -193,7 +193,7 @@ def check_budgets(cfg: DictConfig, tokenizer) -> ScoringBudget:
             f"+ {b.overhead_tokens} tokens of query, rubric, rules and template, measured with this tokenizer's "
             "chat template); raise evaluator.max_prompt_tokens or lower evaluator.max_report_tokens")
     max_len = OmegaConf.select(cfg, "rollout.max_model_len", default=None)
-    if evaluator_on_vllm(cfg) and max_len is not None and b.context_tokens > int(max_len):
+    if evaluator_on_vllm(cfg.rollout, cfg.actor) and max_len is not None and b.context_tokens > int(max_len):
         errors.append(
             f"rollout.max_model_len={max_len}: an evaluation can reach {b.context_tokens} tokens "
             f"(evaluator.max_prompt_tokens={cap} + evaluator.max_response_tokens={e.max_response_tokens} + "

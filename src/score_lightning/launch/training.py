@@ -79,14 +79,9 @@ def resolve_model_arg(value: str, cache_dir: str | Path | None = None) -> str:
         from score_lightning.errors import ConfigError
 
         raise ConfigError(f"--model {value!r}: neither a checkpoint directory nor a preset in configs/model/")
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from score_lightning.launch.schema import compose_config
 
-    GlobalHydra.instance().clear()
-    overrides = [f"model={value}"] + ([f"paths.cache_dir={cache_dir}"] if cache_dir is not None else [])
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=overrides)
-    GlobalHydra.instance().clear()
+    cfg = compose_config([f"model={value}"] + ([f"paths.cache_dir={cache_dir}"] if cache_dir is not None else []))
     validate_config(cfg)
     return resolve_model_path(cfg)
 
@@ -143,7 +138,7 @@ def build_trainer(cfg: DictConfig, callbacks: list):
         accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=strategy,
         precision=str(t.precision), max_steps=int(t.max_steps), max_epochs=-1,
         log_every_n_steps=int(t.log_every_n_steps), enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),
-        callbacks=callbacks, logger=build_loggers(cfg) or False, num_sanity_val_steps=0, limit_val_batches=0,
+        callbacks=callbacks, logger=build_loggers(cfg.logger) or False, num_sanity_val_steps=0, limit_val_batches=0,
         use_distributed_sampler=False, enable_model_summary=False, default_root_dir=cfg.paths.output_dir,
         enable_checkpointing=True, plugins=plugins,
     )

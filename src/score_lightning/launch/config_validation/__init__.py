@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from score_lightning.config.checks import schema_problems
 from score_lightning.errors import ConfigError  # re-exported: callers import it from here
 from score_lightning.launch.config_validation.asynchronous import check_async
 from score_lightning.launch.config_validation.judge import check_judge
@@ -26,6 +27,7 @@ __all__ = ["ConfigError", "LOW_PRECISION_MAX_LR", "data_parallel_processes", "da
 def validate_config(cfg: DictConfig) -> None:
     """Raise :class:`ConfigError` listing every bad value (all of them, not just the first)."""
     checks = Checks(cfg)
+    checks.errors.extend(schema_problems(cfg))  # unknown keys, ranges and allowed sets: the schema states them
     for group in (check_run, check_solver, check_evaluator, check_reward, check_update, check_model, check_async,
                   check_judge):
         group(checks)

@@ -4,16 +4,10 @@ before any model loads when it cannot. The worker runs the HF, vLLM (its own eng
 from __future__ import annotations
 
 from score_lightning.launch.config_validation.topology import data_parallel_size
-from score_lightning.launch.config_validation.values import Checks, integer, one_of
-from score_lightning.rollout.modes import MODES
+from score_lightning.launch.config_validation.values import Checks
 
 
 def check_async(c: Checks) -> None:
-    if c.get("rollout.mode") is None and c.get("rollout.max_staleness") is None:
-        return  # a config from before rollout.mode: synchronous
-    c("rollout.mode", one_of(*MODES), "'sync' or 'async'")
-    c("rollout.max_staleness", integer(0), "an integer >= 0 (policy versions, i.e. SCORE steps, a trained batch "
-      "may lag behind the trainer; 0: synchronous training with the generation in the worker)")
     if c.get("rollout.mode") != "async":
         return
     if c.get("rollout.engine") == "vllm" and c.get("rollout.enable_sleep_mode") is True:

@@ -6,42 +6,21 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from score_lightning.launch.config_validation.values import BOOL, Checks, integer, number, one_of
-
-_PRECISIONS = {"32-true", "32", "bf16-mixed", "bf16-true", "64-true"}
+from score_lightning.launch.config_validation.values import Checks, integer, number
 
 
 def check_run(c: Checks) -> None:
     c("seed", integer(0), "an integer >= 0")
-    c("data.batch_size", integer(1), "an integer >= 1")
-    c("trainer.max_steps", integer(1), "an integer >= 1 (SCORE steps)")
-    if c.get("trainer.malloc_mmap_threshold_mb") is not None:
-        c("trainer.malloc_mmap_threshold_mb", number(0.0, 32.0), "null or a number of MB in [0, 32] (glibc's maximum)")
     if c.get("threads") is not None:
         c("threads.num", lambda v: v == "auto" or integer(1)(v), "'auto' or an integer >= 1 (CPU threads per process)")
-        c("threads.runs", integer(1), "an integer >= 1 (independent runs sharing this machine's cores)")
-        c("threads.wait_policy", one_of(None, "passive", "active"), "null, 'passive' or 'active' (OMP_WAIT_POLICY)")
     if c.get("callbacks.adaptive_threads") is not None:
         c("callbacks.adaptive_threads.every_n_steps", integer(0), "an integer >= 0 (0: the launch-time count stays)")
         c("callbacks.adaptive_threads.margin", number(0.0, 0.5, hi_open=True), "a number of cores in [0, 0.5)")
         c("callbacks.adaptive_threads.rise_after", integer(1), "an integer >= 1 (readings before a thread is added)")
-    c("trainer.precision", lambda v: str(v) in _PRECISIONS,
-      f"one of {sorted(_PRECISIONS)} (fp16 with a grad scaler is not supported)")
-    c("strategy.name", one_of("single", "ddp", "fsdp"), "'single', 'ddp' or 'fsdp'")
-    if c.get("strategy.name") == "fsdp":
-        c("strategy.mixed_precision", one_of(None, "bf16", "bfloat16"), "null or 'bf16'")
-    c("rollout.engine", one_of("hf", "vllm", "scripted"), "'hf', 'vllm' or 'scripted'")
-    if c.get("rollout.engine") == "vllm" and c.get("rollout.evaluator_engine", "vllm") not in ("vllm", "hf"):
-        c.add(f"rollout.evaluator_engine={c.get('rollout.evaluator_engine')!r}: allowed 'vllm' or 'hf' (what the "
-              "evaluator role generates with under a shared actor)")
-    c("retriever.kind", one_of("bm25", "http", "mcp"), "'bm25', 'http' or 'mcp'")
-    c("retriever.max_failed_steps", integer(1), "an integer >= 1")
     if c.get("retriever.kind") == "mcp":
         check_mcp(c)
     if c.get("retriever.kind") == "http":
         c("retriever.url", lambda v: isinstance(v, str) and v.startswith(("http://", "https://")), "an http(s):// URL")
-    c("harness.every_n_steps", integer(1), "an integer >= 1")
-    c("harness.enabled", *BOOL)
     check_harness(c)
     c("callbacks.preemption.grace_s", number(0.0), "a number of seconds >= 0")
     check_evaluator_pairs(c)
@@ -131,8 +110,6 @@ def check_files(c: Checks) -> None:
                 load_preferences(path)
             except DataFormatError as exc:
                 c.add(f"evaluator.preferences_path: {exc}")
-        c("evaluator.preference.group_size", integer(1), "an integer >= 1 (1: the step's rubric scores the pairs; G >= 2: "
-          "G rubrics per pair, written for its question, trained by GRPO)")
         group = c.get("evaluator.preference.group_size")
         if isinstance(group, int) and group > 1 and not str(c.get("rubric._target_") or "").endswith("ScoreRubrics"):
             c.add(f"evaluator.preference.group_size={group} with rubric={str(c.get('rubric._target_')).rsplit('.', 1)[-1]}:"
@@ -180,6 +157,3 @@ def check_mcp(c: Checks) -> None:
         c(key, lambda v: isinstance(v, str) and bool(v.strip()), "a non-empty name")
     if c.get("retriever.topk_arg") is not None:
         c("retriever.topk_arg", lambda v: isinstance(v, str) and bool(v.strip()), "null or a non-empty name")
-    c("retriever.timeout_s", number(0.0, lo_open=True), "a number > 0 (seconds per tool call)")
-    c("retriever.connect_timeout_s", number(0.0, lo_open=True), "a number > 0 (seconds)")
-    c("retriever.max_retries", integer(0, 10), "an integer in [0, 10]")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from score_lightning.launch.config_validation.values import BOOL, Checks, integer, number, one_of
+from score_lightning.launch.config_validation.values import Checks, integer, one_of
 from score_lightning.launch.config_validation.topology import data_parallel_size
-from score_lightning.step.loss_registry import POLICY_LOSSES, REWARD_SCALINGS, resolve_scale_rewards
+from score_lightning.step.loss_registry import POLICY_LOSSES, REWARD_SCALINGS
 from score_lightning.step.rollout_correction import MODES, resolve_mode
 from score_lightning.step.solver_objective import SOLVER_OBJECTIVES
 
@@ -14,23 +14,6 @@ log = logging.getLogger(__name__)
 
 
 def check_update(c: Checks) -> None:
-    c("loss.kl_coef", number(0.0), "a number >= 0")
-    c("loss.clip_ratio_low", number(0.0, 1.0, hi_open=True), "a number in [0, 1)")
-    c("loss.clip_ratio_high", number(0.0), "a number >= 0")
-    c("loss.entropy_coef", number(0.0), "a number >= 0")
-    c("optim.lr", number(0.0, lo_open=True), "a number > 0")
-    c("optim.eps", number(0.0, lo_open=True), "a number > 0")
-    c("optim.warmup_steps", integer(0), "an integer >= 0")
-    c("optim.warmup_start_ratio", number(0.0, 1.0), "a number in [0, 1]")
-    if c.get("optim.warmup_ratio") is not None:
-        c("optim.warmup_ratio", number(0.0, 1.0, hi_open=True), "null or a number in [0, 1) (a share of "
-          "trainer.max_steps)")
-    c("optim.weight_decay", number(0.0), "a number >= 0")
-    c("optim.grad_clip", number(0.0), "a number >= 0 (0 disables clipping)")
-    c("optim.ppo_epochs", integer(1), "an integer >= 1")
-    c("optim.mini_batch_size", integer(1), "an integer >= 1 (queries per optimiser step)")
-    c("optim.micro_batch_size", integer(1), "an integer >= 1 (trajectories per forward/backward)")
-    c("optim.max_consecutive_skips", integer(1), "an integer >= 1")
     mb, bs = c.get("optim.mini_batch_size"), c.get("data.batch_size")
     if isinstance(mb, int) and isinstance(bs, int) and mb > bs:
         c.add(f"optim.mini_batch_size={mb}: must be <= data.batch_size={bs}")
@@ -59,13 +42,7 @@ def check_loss_variants(c: Checks) -> None:
     values are the registries' names, so a registered plug-in is allowed and listed."""
     losses, scalings = POLICY_LOSSES.names(), REWARD_SCALINGS.names()
     c("optim.loss_type", one_of(*losses), ", ".join(losses))
-    c("optim.clip_ratio_low", number(0.0, 1.0), "a number in [0, 1] (the ratio's lower clip is 1 - it; 1: none)")
-    c("optim.clip_ratio_high", number(0.0), "a number >= 0 (the upper clip is 1 + it)")
     c("optim.scale_rewards", one_of(*scalings), ", ".join(scalings))
-    c("solver.mask_truncated", *BOOL)
-    norm = c.get("loss.norm_adv_by_std")
-    if norm is not None:
-        c("loss.norm_adv_by_std", *BOOL)
     loss_type = c.get("optim.loss_type")
     per_row = [n for n, e in POLICY_LOSSES.items() if e.normaliser.counts_sequences]  # gspo, grpo_seq_mean
     if c.get("solver.agent") == "mams" and loss_type in per_row:
@@ -74,23 +51,12 @@ def check_loss_variants(c: Checks) -> None:
               "also takes its ratio and clip per sequence), and a MaMs trajectory is trained as one row per role "
               f"call, so its sequence would be one role call; set optim.loss_type to one of {per_token} (dr_grpo's "
               "constant is the whole trajectory's budget), or solver.agent=react")
-    scale = c.get("optim.scale_rewards")
-    if isinstance(norm, bool) and scale in scalings:
-        try:
-            resolved = resolve_scale_rewards(scale, norm)
-        except ValueError as exc:
-            c.add(str(exc))
-        else:
-            if not norm:
-                log.warning("loss.norm_adv_by_std=false is deprecated: it means optim.scale_rewards=%s", resolved)
-    if not c.get("reward.overlong.enabled", False):
+    if not c.get("reward.overlong.enabled"):
         return
-    c("reward.overlong.enabled", *BOOL)
     cap, buf = c.get("solver.max_response_tokens"), c.get("reward.overlong.buffer_len")
     if buf is not None:
         c("reward.overlong.buffer_len", integer(1, cap if isinstance(cap, int) else None),
           f"null or an integer in [1, solver.max_response_tokens={cap}] (tokens before the cap where the penalty grows)")
-    c("reward.overlong.penalty_factor", number(0.0), "a number >= 0 (the penalty at the cap)")
     if c.get("solver.agent") == "mams":
         c.add("reward.overlong.enabled=true with solver.agent=mams: a MaMs trajectory is not cut at one length "
               "(each role call has its own budget, the report role's ends it), so there is no cap to put a buffer "
@@ -100,13 +66,7 @@ def check_loss_variants(c: Checks) -> None:
 def check_rollout_correction(c: Checks) -> None:
     """``optim.rollout_correction`` and its bounds; and no correction against vLLM's top-p-renormalised log-probs."""
     c("optim.rollout_correction", one_of("auto", *MODES), "auto, " + ", ".join(MODES))
-    c("loss.kl_is_weighted", *BOOL)
     lo, hi = c.get("optim.rollout_correction_clip_min"), c.get("optim.rollout_correction_clip_max")
-    if lo is not None:
-        c("optim.rollout_correction_clip_min", number(0.0, 1.0), "null or a number in [0, 1] (a ratio of 1, where "
-          "engine and trainer agree, must keep its weight)")
-    c("optim.rollout_correction_clip_max", number(1.0), "a number >= 1 (C_max, never null: an unbounded weight is one "
-      "long trajectory away from inf)")
     if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and not lo < hi:
         c.add(f"optim.rollout_correction_clip_min={lo}: must be < optim.rollout_correction_clip_max={hi}")
     value, engine, top_p = c.get("optim.rollout_correction"), str(c.get("rollout.engine")), c.get("solver.top_p")
