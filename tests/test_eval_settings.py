@@ -109,6 +109,17 @@ def test_resolve_settings_by_hand():
     assert "no settings recorded for baseline" in describe_diff(a, None)
 
 
+def test_an_older_run_config_resolves_as_a_current_one():
+    """A run_config.json written before keys were removed (``loss.norm_adv_by_std``, ``loss.clip_ratio_*``,
+    ``optim.warmup_ratio``) or added (``solver.conclusion_line`` here) resolves as a current one: the removed keys
+    are mapped, never an error, and a key the file predates takes the evaluation default."""
+    old = {"solver": {"max_tool_calls": 4, "topk": 2}, "loss": {"norm_adv_by_std": False, "clip_ratio_high": 0.28},
+           "optim": {"warmup_ratio": None}, "reward": {"citations": "retrieved"}}
+    s, origin = resolve_settings({}, old, samples=1)
+    assert (s["solver.max_tool_calls"], s["solver.topk"], s["reward.citations"]) == (4, 2, "retrieved")
+    assert s["solver.conclusion_line"] is True and origin["solver.conclusion_line"] == "default"
+
+
 def test_write_run_settings_first_writer_wins_and_templates_travel_as_text(tmp_path, caplog):
     template = tmp_path / "chat.jinja"
     template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
