@@ -96,7 +96,7 @@ def test_the_measured_bound_holds_for_real_scoring_prompts(qwen_tokenizer, llama
             reports = [["\n\n".join(passages[40 * k + i * 320: 40 * k + i * 320 + 40]) for k in range(8)]
                        for i in range(3)]
             trajs = scoring_rollouts(ScriptedEngine(tok, lambda req: "</report_evaluations>"), tok, None,
-                                     [longest_query(cfg, tok)] * 3, reports, [widest_rubric(cfg, state)] * 3, state,
+                                     [longest_query(cfg.data, tok)] * 3, reports, [widest_rubric(cfg, state)] * 3, state,
                                      rollout_settings(cfg.solver, cfg.evaluator))
             longest = max(len(t.prompt_ids) for t in trajs)
             assert b.prompt_tokens - 8 * 8 <= longest <= b.prompt_tokens, (per_report, longest, b.prompt_tokens)
@@ -160,7 +160,7 @@ def test_the_rubric_prompt_with_its_evidence_is_checked_against_the_same_cap(tok
     bound = measure_rubric_prompt(cfg, tokenizer)
     assert bound <= cfg.evaluator.max_prompt_tokens
     state = widest_state(cfg)
-    queries = [longest_query(cfg, tokenizer)] * 4
+    queries = [longest_query(cfg.data, tokenizer)] * 4
     evidence, _ = initial_evidence(bm25, queries, int(cfg.solver.topk))
     scheduler = DimensionScheduler(list(state.dimension_pool))
     msgs = rubric_prompt(queries, evidence, state, scheduler, RubricSampling(96, 1.0, 4096, 8))

@@ -18,6 +18,6 @@ def corpus_path(cfg: DictConfig) -> Path:
     """The BM25 corpus file: ``retriever.corpus_path`` when set, else the stdlib corpus cached under ``paths.cache_dir``."""
     from score_lightning.data.corpus import default_corpus_path
 
-    if cfg.retriever.get("corpus_path"):
+    if cfg.retriever.corpus_path:
         return Path(cfg.retriever.corpus_path)
     return default_corpus_path(Path(cfg.paths.cache_dir) / "corpus")

@@ -24,6 +24,7 @@ counts the tokens it writes; each observation is cut to ``evaluator.max_observat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -34,6 +35,10 @@ from score_lightning.rollout.modes import evaluator_on_vllm
 from score_lightning.roles.prompts import scoring_messages
 from score_lightning.roles.rubric import Rubric
 from score_lightning.rollout.chat import truncate_text
+
+if TYPE_CHECKING:
+    from score_lightning.config.run_groups import DataConfig
+    from score_lightning.config.step_groups import EvaluatorConfig, SolverConfig
 
 #: text the placeholder reports repeat (prose with citations, like a solver's report)
 _REPORT_TEXT = ("The documentation describes the behaviour in detail [doc-1], and a second source confirms "
@@ -53,9 +58,9 @@ class ScoringBudget:
     context_tokens: int  # prompt cap + generation budget + every observation and the budget notice
 
 
-def scoring_reports(cfg: DictConfig) -> int:
+def scoring_reports(evaluator: "EvaluatorConfig", solver: "SolverConfig") -> int:
     """Reports per scoring prompt: K for a joint evaluation, 1 for ``evaluator.scoring: pointwise``."""
-    return 1 if str(cfg.evaluator.get("scoring", "joint")) == "pointwise" else int(cfg.solver.num_rollouts)
+    return 1 if str(evaluator.scoring) == "pointwise" else int(solver.num_rollouts)
 
 
 def widest_state(cfg: DictConfig) -> HarnessState:
@@ -78,17 +83,18 @@ def widest_rubric(cfg: DictConfig, state: HarnessState) -> Rubric:
     With ``rubric=given`` the file's longest rubric (by characters) instead. ``rubric=evolving`` items are
     model-written text of no fixed length: they are approximated by the pool's dimensions.
     """
-    if str(OmegaConf.select(cfg, "rubric._target_", default="")).endswith("GivenRubrics"):
+    if str(cfg.rubric._target_).endswith("GivenRubrics"):
         from score_lightning.roles.prompts import format_rubric
         from score_lightning.methods.given.rubrics import load_given_rubrics
 
         r = cfg.rubric
-        given = load_given_rubrics(r.path, bool(r.get("include_explanation", False)), r.get("max_items"))
+        given = load_given_rubrics(r.path, bool(r.include_explanation), r.max_items)
         if given:
             return max(given.values(), key=lambda rubric: len(format_rubric(rubric, state)))
     pool = state.dimension_pool
-    k_cap = OmegaConf.select(cfg, "harness.backend.max_k", default=None)
-    if k_cap is None and str(OmegaConf.select(cfg, "harness.backend._target_", default="")).endswith("RuleBasedHarness"):
+    backend = cfg.harness.backend
+    k_cap = backend.max_k if "max_k" in backend else None  # an optional argument no harness option's YAML sets
+    if k_cap is None and str(backend._target_).endswith("RuleBasedHarness"):
         import inspect
 
         from score_lightning.harness.rule_based import RuleBasedHarness
@@ -101,17 +107,17 @@ def widest_rubric(cfg: DictConfig, state: HarnessState) -> Rubric:
     return Rubric(tuple(dims), tuple(1.0 / 3.0 for _ in dims))  # "0.3333333333333333": the longest weight text
 
 
-def longest_queries(cfg: DictConfig, tokenizer, n: int = 1) -> list[str]:
+def longest_queries(data: "DataConfig", tokenizer, n: int = 1) -> list[str]:
     """The ``n`` training queries with the most tokens (the embedded queries without ``data.queries_path``)."""
     from score_lightning.data.queries import load_queries
 
-    queries = [q.prompt for q in load_queries(cfg.data.get("queries_path"), cfg.data.get("split", "train"))]
+    queries = [q.prompt for q in load_queries(data.queries_path, data.split)]
     lengths = tokenizer(queries, add_special_tokens=False)["input_ids"]
     return [q for q, _ in sorted(zip(queries, lengths), key=lambda x: -len(x[1]))[:n]]
 
 
-def longest_query(cfg: DictConfig, tokenizer) -> str:
-    return longest_queries(cfg, tokenizer, 1)[0]
+def longest_query(data: "DataConfig", tokenizer) -> str:
+    return longest_queries(data, tokenizer, 1)[0]
 
 
 def measure_rubric_prompt(cfg: DictConfig, tokenizer) -> int:
@@ -126,8 +132,8 @@ def measure_rubric_prompt(cfg: DictConfig, tokenizer) -> int:
     evidence = [[EvidenceDoc(f"{q:08d}{d:08d}", label) for d in range(int(cfg.solver.topk))] for q in range(n)]
     state = widest_state(cfg)
     pool = list(state.dimension_pool)
-    return _count(tokenizer, rubric_messages(longest_queries(cfg, tokenizer, n), state, pool[:2], pool[2:4], pool[4:6],
-                                             evidence=evidence))
+    queries = longest_queries(cfg.data, tokenizer, n)
+    return _count(tokenizer, rubric_messages(queries, state, pool[:2], pool[2:4], pool[4:6], evidence=evidence))
 
 
 def _count(tokenizer, messages: list[dict]) -> int:
@@ -137,16 +143,16 @@ def _count(tokenizer, messages: list[dict]) -> int:
 
 def measure_scoring(cfg: DictConfig, tokenizer) -> ScoringBudget:
     """The scoring prompt and evaluator context at their largest, in the tokenizer's own tokens."""
-    n, per_report = scoring_reports(cfg), int(cfg.evaluator.max_report_tokens)
+    n, per_report = scoring_reports(cfg.evaluator, cfg.solver), int(cfg.evaluator.max_report_tokens)
     state = widest_state(cfg)
     rubric = widest_rubric(cfg, state)
-    query = longest_query(cfg, tokenizer)
+    query = longest_query(cfg.data, tokenizer)
     filler = _REPORT_TEXT * (per_report // 8 + 2)  # more than per_report tokens for any tokenizer
     report = truncate_text(tokenizer, filler, per_report)  # as scoring_rollouts cuts a report
-    pointwise = str(cfg.evaluator.get("scoring", "joint")) == "pointwise"
-    sources = [_retrieved_ids(cfg)] * n if bool(cfg.evaluator.get("show_retrieved", False)) else None
+    pointwise = str(cfg.evaluator.scoring) == "pointwise"
+    sources = [_retrieved_ids(cfg.solver)] * n if bool(cfg.evaluator.show_retrieved) else None
     # + 1 token per report: a real report's last characters may tokenise differently beside the separator
-    cited = [_widest_citations(cfg, tokenizer)] * n if bool(cfg.evaluator.get("show_passages", False)) else None
+    cited = [_widest_citations(cfg.evaluator, tokenizer)] * n if bool(cfg.evaluator.show_passages) else None
     prompt = _count(tokenizer, scoring_messages(query, [report] * n, rubric, state, sources, pointwise=pointwise,
                                                 cited=cited)) + n
     enc = lambda s: len(tokenizer(s, add_special_tokens=False)["input_ids"])  # noqa: E731
@@ -158,18 +164,18 @@ def measure_scoring(cfg: DictConfig, tokenizer) -> ScoringBudget:
     return ScoringBudget(n, prompt, prompt - n * enc(report), observation, context)
 
 
-def _widest_citations(cfg: DictConfig, tokenizer) -> list:
+def _widest_citations(evaluator: "EvaluatorConfig", tokenizer) -> list:
     """The largest cited-passage block a report can be shown with (``evaluator.show_passages``): the most passages,
     each a 16-character id and a text of ``evaluator.passage_tokens`` tokens."""
-    text = truncate_text(tokenizer, _REPORT_TEXT * (int(cfg.evaluator.get("passage_tokens", 48)) // 8 + 2),
-                         int(cfg.evaluator.get("passage_tokens", 48)))
-    return [(f"{i:016d}", text, True) for i in range(int(cfg.evaluator.get("max_cited_passages", 4)))]
+    tokens = int(evaluator.passage_tokens)
+    text = truncate_text(tokenizer, _REPORT_TEXT * (tokens // 8 + 2), tokens)
+    return [(f"{i:016d}", text, True) for i in range(int(evaluator.max_cited_passages))]
 
 
-def _retrieved_ids(cfg: DictConfig) -> list[str]:
+def _retrieved_ids(solver: "SolverConfig") -> list[str]:
     """The most ids a report can be shown with (``evaluator.show_retrieved``): every search's top-k, each
     counted as a 16-character id (wiki-18's are <= 8 digits; the stdlib corpus's are dotted names)."""
-    return [f"{i:016d}" for i in range(int(cfg.solver.max_tool_calls) * int(cfg.solver.topk))]
+    return [f"{i:016d}" for i in range(int(solver.max_tool_calls) * int(solver.topk))]
 
 
 def check_budgets(cfg: DictConfig, tokenizer) -> ScoringBudget:
@@ -177,8 +183,8 @@ def check_budgets(cfg: DictConfig, tokenizer) -> ScoringBudget:
     b = measure_scoring(cfg, tokenizer)
     cap, e = int(cfg.evaluator.max_prompt_tokens), cfg.evaluator
     errors = []
-    sampled = not bool(OmegaConf.select(cfg, "rubric.static", default=False))  # static: no rubric prompt is built
-    if str(OmegaConf.select(cfg, "rubric._target_", default="")).endswith("ScoreRubrics") and sampled:
+    # rubric.static (rubric=score's own key): the harness fallback rubric every step, no rubric prompt is built
+    if str(cfg.rubric._target_).endswith("ScoreRubrics") and not bool(cfg.rubric.static):
         rubric = measure_rubric_prompt(cfg, tokenizer)
         if rubric > cap:
             errors.append(
@@ -192,8 +198,8 @@ def check_budgets(cfg: DictConfig, tokenizer) -> ScoringBudget:
             f"({b.reports} report{'s' if b.reports > 1 else ''} x evaluator.max_report_tokens={e.max_report_tokens} "
             f"+ {b.overhead_tokens} tokens of query, rubric, rules and template, measured with this tokenizer's "
             "chat template); raise evaluator.max_prompt_tokens or lower evaluator.max_report_tokens")
-    max_len = OmegaConf.select(cfg, "rollout.max_model_len", default=None)
-    if evaluator_on_vllm(cfg.rollout, cfg.actor) and max_len is not None and b.context_tokens > int(max_len):
+    max_len = cfg.rollout.max_model_len if evaluator_on_vllm(cfg.rollout, cfg.actor) else None  # rollout=vllm's key
+    if max_len is not None and b.context_tokens > int(max_len):
         errors.append(
             f"rollout.max_model_len={max_len}: an evaluation can reach {b.context_tokens} tokens "
             f"(evaluator.max_prompt_tokens={cap} + evaluator.max_response_tokens={e.max_response_tokens} + "

@@ -33,7 +33,7 @@ def resolve_resume(cfg: DictConfig, output_dir_overridden: bool) -> None:
 
     ``output_dir_overridden``: the user set ``paths.output_dir`` on the command line; it then wins.
     """
-    ckpt = cfg.get("ckpt_path")
+    ckpt = cfg.ckpt_path
     if ckpt is None:
         return
     if str(ckpt) == "last":
@@ -46,7 +46,7 @@ def resolve_resume(cfg: DictConfig, output_dir_overridden: bool) -> None:
         with open_dict(cfg):
             cfg.ckpt_path = str(found)
     run_dir = run_dir_of(Path(cfg.ckpt_path))
-    if bool(cfg.get("resume_in_place", True)) and not output_dir_overridden and run_dir is not None:
+    if bool(cfg.resume_in_place) and not output_dir_overridden and run_dir is not None:
         with open_dict(cfg):
             cfg.paths.output_dir = str(run_dir)
         log.info("resuming in the checkpoint's run folder %s (one continuous set of curves)", run_dir)

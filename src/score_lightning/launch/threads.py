@@ -242,19 +242,18 @@ def apply_threads(cfg) -> ThreadPlan:
     ``OMP_NUM_THREADS`` is unset, leaves it alone.
     """
     import torch
-    from omegaconf import ListConfig, OmegaConf
+    from omegaconf import ListConfig
 
-    t = cfg.get("threads") or {}
-    devices = OmegaConf.select(cfg, "trainer.devices")
+    t, accelerator = cfg.threads, str(cfg.trainer.accelerator)
+    devices = cfg.trainer.devices
     devices = list(devices) if isinstance(devices, ListConfig) else devices
-    procs = local_processes(devices, str(OmegaConf.select(cfg, "strategy.name")),
-                            str(OmegaConf.select(cfg, "trainer.accelerator")))
-    setting, runs, cores, env = t.get("num", "auto"), int(t.get("runs", 1)), usable_cores(), dict(os.environ)
+    procs = local_processes(devices, str(cfg.strategy.name), accelerator)
+    setting, runs, cores, env = t.num, int(t.runs), usable_cores(), dict(os.environ)
     load = machine_load() if auto_applies(setting, env) else None  # about 0.2 s, only where auto decides
     plan = plan_threads(setting, runs, procs, cores, env, load)
-    adaptive = auto_applies(setting, env) and procs == 1 and str(OmegaConf.select(cfg, "trainer.accelerator")) == "cpu"
+    adaptive = auto_applies(setting, env) and procs == 1 and accelerator == "cpu"
     plan = replace(plan, adaptive=adaptive, cap=max(1, cores // max(1, procs * runs)), cores=cores)
-    if str(OmegaConf.select(cfg, "rollout.mode") or "sync") == "async":
+    if str(cfg.rollout.mode) == "async":
         plan = with_worker(plan)
     torch.set_num_threads(plan.threads)
     ours = os.environ.get(_MARK)
@@ -275,13 +274,11 @@ def export_wait_policy(cfg, env: MutableMapping[str, str] | None = None) -> str 
     returns what was set. Call it before torch loads: OpenMP reads it once, when its library loads (child
     processes, which inherit it, read it at their own start). Why passive: an OpenMP thread that waits for work
     otherwise spins on a core for a while, and beside busy processes those spins are the cores they need."""
-    from omegaconf import OmegaConf
-
     env = os.environ if env is None else env
-    policy = OmegaConf.select(cfg, "threads.wait_policy")
+    policy = cfg.threads.wait_policy
     if policy not in ("passive", "active") or "OMP_WAIT_POLICY" in env:  # a bad value is refused by the config checks
         return None
-    if not auto_applies(OmegaConf.select(cfg, "threads.num"), dict(env)):
+    if not auto_applies(cfg.threads.num, dict(env)):
         return None
     env["OMP_WAIT_POLICY"] = str(policy).upper()
     return env["OMP_WAIT_POLICY"]

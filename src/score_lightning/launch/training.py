@@ -56,7 +56,7 @@ def resolve_model_path(cfg: DictConfig) -> str:
     tiny model built (and cached) from config."""
     if cfg.model.name_or_path:
         return str(cfg.model.name_or_path)
-    gguf = OmegaConf.select(cfg, "model.gguf")
+    gguf = cfg.model.gguf
     if gguf is not None:
         from score_lightning.policy.gguf_checkpoint import ensure_gguf_checkpoint
 
@@ -97,7 +97,7 @@ def instantiate_or_refuse(node: DictConfig, key: str):
         return instantiate(node)
     except InstantiationException as exc:
         cause = exc.__cause__ if exc.__cause__ is not None else exc
-        raise ConfigError(f"invalid config:\n  - {key}: cannot build {node.get('_target_')}: {cause}") from None
+        raise ConfigError(f"invalid config:\n  - {key}: cannot build {node._target_}: {cause}") from None
 
 
 def build_callbacks(cfg: DictConfig) -> list:
@@ -148,13 +148,14 @@ def probe_retriever(cfg: DictConfig) -> None:
     """Fail in seconds, before any long work, when a remote retriever (HTTP or MCP) is unreachable, or answers
     in a shape its client cannot read (said as such: the server is up)."""
     kind = cfg.retriever.kind
-    if kind not in ("http", "mcp") or not bool(cfg.retriever.get("probe_at_start", True)):
+    if kind not in ("http", "mcp") or not bool(cfg.retriever.probe_at_start):  # both remote options have the key
         return
     from score_lightning.retrieval.base import RetrievalError, UnexpectedResult
     from score_lightning.retrieval.from_config import retriever_from_config
 
     retriever = None
-    where = cfg.retriever.url or " ".join(map(str, cfg.retriever.get("command") or []))
+    stdio = kind == "mcp" and not cfg.retriever.url  # an MCP server on stdio is named by its command line
+    where = " ".join(map(str, cfg.retriever.command or [])) if stdio else cfg.retriever.url
     try:
         retriever = retriever_from_config(cfg.retriever, cfg.paths.cache_dir)
         retriever.search(["probe"], 1)
@@ -178,7 +179,7 @@ def probe_retriever(cfg: DictConfig) -> None:
 
 def probe_model(cfg: DictConfig) -> None:
     """Fail in seconds, before any weight loads, when ``model.name_or_path`` cannot load (see preflight)."""
-    path = cfg.model.get("name_or_path")
+    path = cfg.model.name_or_path
     if not path:  # the tiny model, built locally
         return
     from score_lightning.policy.preflight import check_model_source
@@ -242,7 +243,7 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
     plan = apply_threads(cfg)
     from score_lightning.policy.cpu_memory import set_malloc_mmap_threshold
 
-    set_malloc_mmap_threshold(OmegaConf.select(cfg, "trainer.malloc_mmap_threshold_mb"))
+    set_malloc_mmap_threshold(cfg.trainer.malloc_mmap_threshold_mb)
     callbacks = build_callbacks(cfg) + list(extra_callbacks or [])
     pl.seed_everything(int(cfg.seed), workers=True)
     torch.set_float32_matmul_precision("high")
@@ -250,7 +251,7 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
     check_token_budgets(cfg, model_path)  # the tokenizer only: before SFT or any model loads
     model_path = maybe_run_sft(cfg, model_path)
     dm = QueryDataModule(cfg.data.queries_path, int(cfg.data.batch_size), int(cfg.seed), int(cfg.data.num_workers),
-                         cfg.data.get("split", "train"))
+                         cfg.data.split)
     module = ScoreModule(cfg, model_path)
     module.thread_plan = plan  # rollout.mode=async: the worker's share of the threads
     if module_hook is not None:
@@ -274,7 +275,7 @@ def check_token_budgets(cfg: DictConfig, model_path: str) -> None:
     from score_lightning.launch.budgets import check_budgets
     from score_lightning.policy.models import load_tokenizer
 
-    check_budgets(cfg, load_tokenizer(model_path, chat_template=cfg.model.get("chat_template")))
+    check_budgets(cfg, load_tokenizer(model_path, chat_template=cfg.model.chat_template))
 
 
 def maybe_run_sft(cfg: DictConfig, model_path: str) -> str:

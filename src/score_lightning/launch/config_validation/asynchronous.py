@@ -22,7 +22,7 @@ def check_async(c: Checks) -> None:
     if c.get("strategy.name") == "fsdp":
         c.add("rollout.mode=async with strategy=fsdp: the worker needs whole tensors, and FSDP's parameters are "
               "shards; use strategy=single or rollout.mode=sync")
-    target = str(c.get("rubric._target_") or "")
+    target = str(c.get("rubric._target_"))
     if target.endswith("EvolvingRubrics"):
         c.add("rollout.mode=async with rubric=evolving: its buffer of rubric items is edited both when rubrics are "
               "written (in the worker) and when scores are observed (in the trainer), and two copies would diverge; "

@@ -11,9 +11,6 @@ def check_judge(c: Checks) -> None:
     citation = c.get("reward.citation_judge.enabled") is True
     if not (external or citation):
         return
-    if c.get("judge") is None:
-        c.add("evaluator.source=external or reward.citation_judge.enabled=true needs the judge group (judge=default)")
-        return
     c("judge.base_url", lambda v: isinstance(v, str) and v.startswith(("http://", "https://")),
       "an http(s):// URL of an OpenAI-compatible API (e.g. http://127.0.0.1:8001/v1)")
     c("judge.model", lambda v: isinstance(v, str) and bool(v.strip()), "the model name the endpoint serves")
@@ -38,8 +35,8 @@ def calling_processes(c: Checks) -> tuple[int, str]:
     """The processes that make external chat calls, as ``step/judge_scoring.configure_limits`` counts them at run
     time: every training process (devices x nodes, tensor-parallel ranks included), then the async rollout worker."""
     training = data_parallel_size(c.cfg)
-    if c.get("strategy.name") in ("ddp", "fsdp"):
-        training *= int(c.get("strategy.tensor_parallel_size") or 1)
+    if c.get("strategy.name") == "fsdp":  # strategy=fsdp's key (ddp runs no tensor parallelism)
+        training *= int(c.get("strategy.tensor_parallel_size"))
     worker = c.get("rollout.mode") == "async"
     return training + int(worker), f"{training} training process{'es' if training > 1 else ''}" + (
         " and the async rollout worker" if worker else "")

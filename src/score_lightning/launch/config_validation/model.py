@@ -44,10 +44,10 @@ _LORA_SFT_MAX_LR = 1e-2
 def pretrained_model(cfg: DictConfig) -> str | None:
     """What names a pretrained model: ``model.name_or_path``, else ``model.gguf`` (a GGUF inside an installed
     package, e.g. ``model=smollm2_135m``); ``None`` for the from-scratch tiny model."""
-    path = OmegaConf.select(cfg, "model.name_or_path")
+    path = cfg.model.name_or_path
     if path is not None:
         return str(path)
-    gguf = OmegaConf.select(cfg, "model.gguf")
+    gguf = cfg.model.gguf
     return f"{gguf.package}:{gguf.file}" if gguf is not None else None
 
 
@@ -57,7 +57,7 @@ def sft_enabled(cfg: DictConfig) -> bool:
     Why ``auto``: ``experiment=tiny_score`` needs its cold start, but the same experiment pointed at a
     pretrained checkpoint must not run the tiny model's from-scratch settings on it.
     """
-    value = OmegaConf.select(cfg, "sft.enabled", default=False)
+    value = cfg.sft.enabled
     if value == "auto":
         return pretrained_model(cfg) is None
     return value is True
@@ -95,12 +95,12 @@ def check_master_weights(c: Checks) -> None:
     dtype, lr = c.get("model.dtype"), c.get("optim.lr")
     if dtype not in _SIGNIFICANT_BITS or not isinstance(lr, (int, float)) or isinstance(lr, bool):
         return
-    if c.get("model.allow_low_precision_weights", False) is True:
+    if c.get("model.allow_low_precision_weights") is True:
         return
     limit = vanishing_lr(dtype)
     rates = [("optim.lr", float(lr))]
     alpha = c.get("evaluator.alpha")
-    own = c.get("evaluator.optimizer", "own") == "own" or c.get("actor.shared") is False
+    own = c.get("evaluator.optimizer") == "own" or c.get("actor.shared") is False
     if c.get("evaluator.enabled") is True and own and isinstance(alpha, (int, float)) and alpha > 0:
         rates.append(("evaluator.alpha * optim.lr", float(alpha) * float(lr)))
     for name, rate in rates:
@@ -141,7 +141,7 @@ def check_trainable_layers(c: Checks) -> None:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         c.add(f"model.trainable_layers={n!r}: must be null (all weights train) or an integer >= 1 "
               "(the top N decoder layers and the final norm train)")
-    if c.get("model.lora.enabled", False) is True:
+    if c.get("model.lora.enabled") is True:
         c.add("model.trainable_layers with model.lora.enabled=true: choose one way to train a part of the "
               "model (adapters in every layer, or the top N layers)")
     if c.get("strategy.name") == "fsdp":
@@ -151,15 +151,13 @@ def check_trainable_layers(c: Checks) -> None:
 
 def check_frozen_bottom_reuse(c: Checks) -> None:
     """``optim.reuse_frozen_bottom`` needs frozen bottom layers, i.e. ``model.trainable_layers``."""
-    if c.get("optim.reuse_frozen_bottom", False) is True and c.get("model.trainable_layers") is None:
+    if c.get("optim.reuse_frozen_bottom") is True and c.get("model.trainable_layers") is None:
         c.add("optim.reuse_frozen_bottom=true without model.trainable_layers: every layer trains, so there is no "
               "frozen bottom to run once; set model.trainable_layers=N or optim.reuse_frozen_bottom=false")
 
 
 def check_sft(c: Checks) -> None:
     """Refuse the tiny model's cold-start settings on a pretrained checkpoint, naming the keys and the fix."""
-    if c.get("sft") is None:
-        return
     c("sft.enabled", lambda v: v in (True, False, "auto"), "true, false or 'auto' (on for the tiny model only)")
     weights = c.get("sft.scoring_kind_weights")
     try:  # the demo builder's own reading, so the two cannot disagree
@@ -172,13 +170,13 @@ def check_sft(c: Checks) -> None:
     except (KeyError, TypeError, ValueError) as e:
         c.add(f"sft.report={c.get('sft.report')!r}: allowed null (short answers) or "
               f"{{claims: [lo, hi], searches: [lo, hi]}} with 1 <= lo <= hi ({e})")
-    if c.get("sft.lora.enabled", False) is True and c.get("sft.trainable_layers") is not None:
+    if c.get("sft.lora.enabled") is True and c.get("sft.trainable_layers") is not None:
         c.add("sft.lora.enabled=true with sft.trainable_layers: choose one way to train a part of the model in the "
               "cold start (adapters in every layer, or the top N layers)")
     path = pretrained_model(c.cfg)
     if path is None or not sft_enabled(c.cfg):
         return
-    lora = c.get("sft.lora.enabled", False) is True
+    lora = c.get("sft.lora.enabled") is True
     for key, bad, why in _FROM_SCRATCH_SFT:
         value = c.get(key)
         if key == "sft.lr" and lora:  # adapters start at zero and train at LoRA's usual 1e-4 to 3e-3

@@ -21,9 +21,7 @@ def check_solver(c: Checks) -> None:
 
 def check_dynamic_sampling(c: Checks) -> None:
     """``solver.dynamic_sampling``: its values, and the rubric sources whose rubric every draw can reuse."""
-    if c.get("solver.dynamic_sampling") is None:
-        return
-    target = str(c.get("rubric._target_") or "")
+    target = str(c.get("rubric._target_"))
     if c.get("solver.dynamic_sampling.enabled") is True and not target.endswith("ScoreRubrics"):
         c.add(f"solver.dynamic_sampling.enabled=true with rubric={target.rsplit('.', 1)[-1]}: extra draws reuse the "
               "step's one rubric, and this source writes a rubric per query; use rubric=score or disable it")
@@ -65,7 +63,7 @@ def check_score_readout(c: Checks) -> None:
 
 def check_scoring_reward(c: Checks) -> None:
     """``evaluator.scoring_reward``: REINFORCE on the scoring tokens needs scoring the policy samples and trains."""
-    if c.get("evaluator.scoring_reward", "none") in (None, "none"):
+    if c.get("evaluator.scoring_reward") == "none":
         return
     why = []
     if c.get("evaluator.enabled") is not True:
@@ -110,17 +108,17 @@ def check_solver_workflow(c: Checks) -> None:
     if c.get("reward.step") == "stage" and c.get("solver.agent") != "rubricem":
         c.add(f"reward.step=stage with solver.agent={c.get('solver.agent')!r}: stage credit reads the plan, research, "
               "review and answer stages only solver.agent=rubricem writes")
-    if c.get("solver.rubricem.reflection", False) is True and (c.get("reward.step") != "stage"
-                                                                or c.get("rollout.mode") == "async"):
+    if c.get("solver.rubricem.reflection") is True and (c.get("reward.step") != "stage"
+                                                         or c.get("rollout.mode") == "async"):
         c.add("solver.rubricem.reflection=true needs reward.step=stage (the stage judgements it distils) and "
               "rollout.mode=sync (the memory lives in the trainer; a rollout worker would not see it)")
     if c.get("solver.agent") != "mams":
         return
     c("solver.max_tool_calls", integer(1, 10), "an integer in [1, 10] with solver.agent=mams (a search role call per "
       "turn)")
-    m = c.get("solver.mams") or {}
-    parts = [m.get(k) for k in ("chunk_tokens", "memory_tokens", "plan_tokens", "report_tokens")]
-    limit = m.get("max_context_tokens")
+    m = c.cfg.solver.mams
+    parts = [m.chunk_tokens, m.memory_tokens, m.plan_tokens, m.report_tokens]
+    limit = m.max_context_tokens
     if all(isinstance(v, int) for v in parts + [limit]) and sum(parts) >= limit:
         c.add(f"solver.mams.max_context_tokens={limit}: must exceed chunk + memory + plan + report tokens "
               f"({sum(parts)}), which a role prompt may hold besides the question and instructions")
@@ -128,14 +126,16 @@ def check_solver_workflow(c: Checks) -> None:
 
 def check_lengths(c: Checks) -> None:
     """What arithmetic alone refuses; the tokenizer-measured checks are :func:`score_lightning.launch.budgets.check_budgets`."""
-    n = 1 if c.get("evaluator.scoring", "joint") == "pointwise" else c.get("solver.num_rollouts")
+    n = 1 if c.get("evaluator.scoring") == "pointwise" else c.get("solver.num_rollouts")
     report, cap = c.get("evaluator.max_report_tokens"), c.get("evaluator.max_prompt_tokens")
     if all(isinstance(v, int) for v in (n, report, cap)) and n * report >= cap:
         c.add(f"evaluator.max_prompt_tokens={cap}: {n} reports x evaluator.max_report_tokens={report} = "
               f"{n * report} tokens leave no room for the query, rubric and instructions of the scoring "
               "prompt; raise evaluator.max_prompt_tokens or lower evaluator.max_report_tokens")
-    max_len = c.get("rollout.max_model_len")
-    if c.get("rollout.engine") != "vllm" or not isinstance(max_len, int):
+    if c.get("rollout.engine") != "vllm":
+        return
+    max_len = c.get("rollout.max_model_len")  # rollout=vllm's key
+    if not isinstance(max_len, int):
         return
     solver = (c.get("solver.max_prompt_tokens"), c.get("solver.max_response_tokens"))
     scoring = (cap, c.get("evaluator.max_response_tokens"), c.get("evaluator.max_tool_calls"),

@@ -11,8 +11,7 @@ from score_lightning.launch.config_validation.values import Checks, integer, num
 
 def check_run(c: Checks) -> None:
     c("seed", integer(0), "an integer >= 0")
-    if c.get("threads") is not None:
-        c("threads.num", lambda v: v == "auto" or integer(1)(v), "'auto' or an integer >= 1 (CPU threads per process)")
+    c("threads.num", lambda v: v == "auto" or integer(1)(v), "'auto' or an integer >= 1 (CPU threads per process)")
     if c.get("callbacks.adaptive_threads") is not None:
         c("callbacks.adaptive_threads.every_n_steps", integer(0), "an integer >= 0 (0: the launch-time count stays)")
         c("callbacks.adaptive_threads.margin", number(0.0, 0.5, hi_open=True), "a number of cores in [0, 0.5)")
@@ -55,9 +54,8 @@ def check_evaluator_pairs(c: Checks) -> None:
 def check_harness(c: Checks) -> None:
     from score_lightning.harness.state import HarnessState, HarnessStateError
 
-    init = c.get("harness.initial_state")
     try:
-        HarnessState.from_dict(OmegaConf.to_container(init, resolve=True) if init is not None else {})
+        HarnessState.from_dict(OmegaConf.to_container(c.cfg.harness.initial_state, resolve=True))
     except HarnessStateError as exc:
         c.add(f"harness.initial_state.{exc}")
 
@@ -69,7 +67,7 @@ def check_files(c: Checks) -> None:
         value = c.get(key)
         if value is not None and not Path(str(value)).is_file():
             c.add(f"{key}={value!r}: file not found")
-    ckpt = c.get("ckpt_path")
+    ckpt = c.cfg.ckpt_path
     if ckpt is not None:
         from score_lightning.generation.batch_codec import check_stored_batch
         from score_lightning.policy.checkpoint_io import CheckpointError, validate_checkpoint
@@ -86,15 +84,14 @@ def check_files(c: Checks) -> None:
                       f"above {step} (e.g. trainer.max_steps={step + max(max_steps, 1)})")
     from score_lightning.data.corpus import DataFormatError
 
-    if str(c.get("rubric._target_") or "").endswith("GivenRubrics"):
-        path = OmegaConf.select(c.cfg, "rubric.path", throw_on_missing=False, default=None)
-        if path in (None, "???") or OmegaConf.is_missing(c.cfg.rubric, "path"):
+    if str(c.get("rubric._target_")).endswith("GivenRubrics"):
+        if OmegaConf.is_missing(c.cfg.rubric, "path"):  # rubric=given's key, required
             c.add("rubric.path: required with rubric=given (a criteria.jsonl or checklist file)")
         else:
             from score_lightning.methods.given.rubrics import load_given_rubrics
 
             try:
-                load_given_rubrics(path)
+                load_given_rubrics(c.cfg.rubric.path)
             except DataFormatError as exc:
                 c.add(f"rubric.path: {exc}")
     if c.get("reward.rule_quality") == "item_recall":
@@ -111,7 +108,7 @@ def check_files(c: Checks) -> None:
             except DataFormatError as exc:
                 c.add(f"evaluator.preferences_path: {exc}")
         group = c.get("evaluator.preference.group_size")
-        if isinstance(group, int) and group > 1 and not str(c.get("rubric._target_") or "").endswith("ScoreRubrics"):
+        if isinstance(group, int) and group > 1 and not str(c.get("rubric._target_")).endswith("ScoreRubrics"):
             c.add(f"evaluator.preference.group_size={group} with rubric={str(c.get('rubric._target_')).rsplit('.', 1)[-1]}:"
                   " each pair's group of rubrics is written as SCORE's rubric (dimensions and weights from the pool); "
                   "use rubric=score, or group_size=1")

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig
 
 
 def data_parallel_size(cfg: DictConfig) -> int:
     """Processes that split the global batch: devices x nodes for ddp/fsdp, else 1."""
-    if OmegaConf.select(cfg, "strategy.name") not in ("ddp", "fsdp"):
+    name = cfg.strategy.name
+    if name not in ("ddp", "fsdp"):
         return 1
-    devices = OmegaConf.select(cfg, "trainer.devices")
+    devices = cfg.trainer.devices
     devices = list(devices) if isinstance(devices, ListConfig) else devices
-    return data_parallel_processes(devices, OmegaConf.select(cfg, "trainer.num_nodes") or 1,
-                                   OmegaConf.select(cfg, "strategy.tensor_parallel_size") or 1)
+    tensor_parallel = cfg.strategy.tensor_parallel_size if name == "fsdp" else 1  # strategy=fsdp's key
+    return data_parallel_processes(devices, cfg.trainer.num_nodes, tensor_parallel)
 
 
 def data_parallel_processes(devices: int | str | list, num_nodes: int, tensor_parallel_size: int = 1) -> int:

@@ -17,8 +17,10 @@ class Checks:
     def __init__(self, cfg: DictConfig):
         self.cfg, self.errors = cfg, []
 
-    def get(self, key: str, default: Any = None) -> Any:
-        return OmegaConf.select(self.cfg, key, default=default)
+    def get(self, key: str) -> Any:
+        """``key``'s value, None where an open node lacks it (a callback removed, another option's key): no default
+        of its own, the schema and the YAML hold every default."""
+        return OmegaConf.select(self.cfg, key)
 
     def __call__(self, key: str, ok: Predicate, allowed: str) -> None:
         """``key`` must be present and satisfy ``ok``; else one line: the key, its value and what is allowed."""
