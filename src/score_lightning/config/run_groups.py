@@ -107,7 +107,7 @@ class ModelConfig:
 class JudgeConfig:
     base_url: str = MISSING
     model: str = MISSING
-    api_key_env: str = MISSING
+    api_key_env: Optional[str] = MISSING  # null: no key (a local server)
     max_concurrency: int = knob(ge=1, why="calls in flight in the whole run, shared by every caller")
     requests_per_minute: int = knob(ge=0, why="0: unlimited")
     queue_timeout_s: float = knob(gt=0.0, why="seconds a call may wait for a free slot")

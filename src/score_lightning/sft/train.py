@@ -18,7 +18,8 @@ from score_lightning.sft.demo_types import SCORING_TARGETS
 from score_lightning.sft.workflow_demos import workflow_demo_spec, workflow_kinds
 
 if TYPE_CHECKING:
-    from score_lightning.config.schema import RewardConfig, SftConfig
+    from score_lightning.config.schema import RewardConfig
+    from score_lightning.sft.config import SftConfig
 
 log = logging.getLogger(__name__)
 
