@@ -233,3 +233,16 @@ def test_every_relative_installs_a_packaged_cold_start(experiment, tiny_ckpt, co
         assert inputs["workflow_demos"][demos] > 0
         files = json.loads((asset / MANIFEST).read_text())["files"]
         assert all(file_sha256(asset / file) == digest for file, digest in files.items())
+
+
+def test_smol_scores_lora_cold_start_keeps_its_recipe(corpus_file, cache_dir):
+    """``experiment=smol_score``'s LoRA cold start (``data/assets/cold_start_smol``) still matches its recipe, the key
+    without its base (``tests/test_smollm2.py`` checks the whole key, with the SmolLM2 GGUF): a config change that moves
+    any other input, such as ``sft.lora.alpha`` entering the key as 16.0 instead of 16, fails in the default suite."""
+    from score_lightning.sft.asset import ASSETS, recipe_digest
+    from score_lightning.sft.cache import sft_key_inputs
+
+    cfg = compose(["experiment=smol_score", f"paths.cache_dir={cache_dir}"])
+    inputs = sft_key_inputs(cfg, "no-checkpoint")
+    assert inputs["sft"]["lora"]["alpha"] == 16 and json.dumps(inputs["sft"]["lora"]["alpha"]) == "16"
+    assert recipe_digest(inputs) == json.loads((ASSETS / "cold_start_smol" / MANIFEST).read_text())["recipe"]

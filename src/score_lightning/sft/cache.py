@@ -114,6 +114,8 @@ def sft_key_inputs(cfg: DictConfig, model_path: str) -> dict[str, Any]:
         del s["workflow_demos"]
     if not s["lora"]["enabled"]:  # all weights train: the adapter's shape is no input
         del s["lora"]
+    elif float(s["lora"]["alpha"]).is_integer():  # the schema types alpha as a number (16.0); keys made before it
+        s["lora"]["alpha"] = int(s["lora"]["alpha"])  # (cold_start_smol's) hold the integer the YAML wrote
     return {
         "base": checkpoint_digest(model_path),
         "sft": s,
