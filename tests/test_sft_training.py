@@ -104,8 +104,7 @@ def test_top_layers_cold_start_trains_only_the_top_and_is_keyed_apart(tmp_path, 
     bit, and the top N layers and the final norm moved; it has its own cache key, and null keeps the old one."""
     from safetensors.torch import load_file
 
-    from helpers import compose
-    from score_lightning.launch.config_validation import ConfigError, validate_config
+    from helpers import refusal
     from score_lightning.sft import run_sft
     from score_lightning.sft.cache import sft_key_inputs, sft_output_path
 
@@ -122,8 +121,7 @@ def test_top_layers_cold_start_trains_only_the_top_and_is_keyed_apart(tmp_path, 
     assert moved and all(k.startswith(top) or k.startswith("model.norm.") for k in moved), sorted(moved)[:5]
     assert any(k.startswith("model.norm.") for k in moved) and any(k.startswith(top) for k in moved)
     for bad in ("sft.trainable_layers=0", "sft.trainable_layers=two", "sft.scoring_contrast=1.5"):
-        with pytest.raises(ConfigError, match=bad.split("=")[0]):
-            validate_config(compose(["experiment=tiny_score", bad]))
+        assert bad.split("=")[0] in refusal(["experiment=tiny_score", bad])  # "two": refused as the line composes
     with open_dict(cfg):
         cfg.sft.trainable_layers = n_layers + 1
     with pytest.raises(ValueError, match=f"sft.trainable_layers={n_layers + 1}"):
