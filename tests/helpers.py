@@ -102,3 +102,13 @@ def refusal(overrides: list[str]) -> str:
     except ConfigError as exc:
         return str(exc)
     raise AssertionError(f"not refused: {overrides}")
+
+
+#: the GPU recipes' required inputs (data=query_file, retriever=http), given as the embedded queries and a loopback URL
+GPU_RECIPES = ("qwen_score", "llama_score", "qwen_score_1gpu")
+INPUTS = ["data.queries_path=null", "retriever.url=http://127.0.0.1:8000/retrieve"]
+
+
+def recipe(name: str) -> list[str]:
+    """``experiment=<name>``, with the inputs a GPU recipe requires (their refusal: tests/test_newcomer_refusals.py)."""
+    return [f"experiment={name}", *(INPUTS if name in GPU_RECIPES else [])]

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from helpers import ROOT, compose
+from helpers import ROOT, compose, recipe
 from score_lightning.launch.budgets import check_budgets, longest_query, measure_scoring, widest_rubric, widest_state
 from score_lightning.launch.config_validation import ConfigError, validate_config
 
@@ -29,7 +29,7 @@ def test_the_paper_recipes_fit_with_their_real_tokenizers(experiment, kind, qwen
     from score_lightning.policy.models import load_tokenizer
 
     ckpt = qwen_ckpt if kind == "qwen" else llama_ckpt
-    cfg = compose([f"experiment={experiment}", f"model.name_or_path={ckpt}"])
+    cfg = compose([*recipe(experiment), f"model.name_or_path={ckpt}"])
     validate_config(cfg)
     b = check_budgets(cfg, load_tokenizer(ckpt))
     assert b.reports == 8 and b.prompt_tokens <= cfg.evaluator.max_prompt_tokens == 8192
@@ -39,13 +39,13 @@ def test_the_paper_recipes_fit_with_their_real_tokenizers(experiment, kind, qwen
 
 @pytest.mark.parametrize("experiment", TINY)
 def test_the_tiny_experiments_fit(experiment, tiny_ckpt, tokenizer):
-    cfg = compose([f"experiment={experiment}"])
+    cfg = compose([*recipe(experiment)])
     assert check_budgets(cfg, tokenizer).prompt_tokens <= cfg.evaluator.max_prompt_tokens
 
 
 def test_too_many_report_tokens_are_refused_by_the_cli_before_any_model_loads(tmp_path):
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "src/train.py", "experiment=qwen_score", "solver.num_rollouts=8",
+    proc = subprocess.run([sys.executable, "src/train.py", *recipe("qwen_score"), "solver.num_rollouts=8",
                            "evaluator.max_report_tokens=1200", f"paths.output_dir={tmp_path}"], cwd=ROOT,
                           env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and time.time() - t0 < 30, proc.stderr[-2000:]
@@ -59,7 +59,7 @@ def test_a_prompt_that_fits_only_without_its_overhead_is_refused_by_measurement(
     import score_lightning.policy.models as models
     from score_lightning.launch.training import run
 
-    cfg = compose(["experiment=qwen_score", f"model.name_or_path={qwen_ckpt}", "evaluator.max_report_tokens=1000",
+    cfg = compose([*recipe("qwen_score"), f"model.name_or_path={qwen_ckpt}", "evaluator.max_report_tokens=1000",
                    "retriever=bm25", f"paths.output_dir={tmp_path}"])
     validate_config(cfg)
 
@@ -90,7 +90,7 @@ def test_the_measured_bound_holds_for_real_scoring_prompts(qwen_tokenizer, llama
     passages = [json.loads(line)["contents"] for line in open(corpus_file, encoding="utf-8")]
     for tok in (qwen_tokenizer, llama_tokenizer):
         for per_report in (64, 333, 896):
-            cfg = compose(["experiment=qwen_score", f"evaluator.max_report_tokens={per_report}"])
+            cfg = compose([*recipe("qwen_score"), f"evaluator.max_report_tokens={per_report}"])
             b = measure_scoring(cfg, tok)
             state = widest_state(cfg)
             reports = [["\n\n".join(passages[40 * k + i * 320: 40 * k + i * 320 + 40]) for k in range(8)]
@@ -103,10 +103,10 @@ def test_the_measured_bound_holds_for_real_scoring_prompts(qwen_tokenizer, llama
 
 
 def test_pointwise_scoring_sizes_the_prompt_for_one_report(qwen_tokenizer):
-    joint = compose(["experiment=qwen_score", "evaluator.max_report_tokens=2000"])
+    joint = compose([*recipe("qwen_score"), "evaluator.max_report_tokens=2000"])
     with pytest.raises(ConfigError, match="8 reports x evaluator.max_report_tokens=2000"):
         validate_config(joint)
-    pointwise = compose(["experiment=qwen_score", "evaluator.max_report_tokens=2000", "evaluator.scoring=pointwise"])
+    pointwise = compose([*recipe("qwen_score"), "evaluator.max_report_tokens=2000", "evaluator.scoring=pointwise"])
     validate_config(pointwise)
     b = check_budgets(pointwise, qwen_tokenizer)
     assert b.reports == 1 and 2000 < b.prompt_tokens < 2000 + 1200
@@ -115,20 +115,20 @@ def test_pointwise_scoring_sizes_the_prompt_for_one_report(qwen_tokenizer):
 def test_vllm_context_must_hold_an_evaluation_with_its_observations(qwen_tokenizer):
     # 8192 prompt + 2048 generated + 10 x 512 observations = 15360 > 12288 (the old recipe's max_model_len)
     with pytest.raises(ConfigError, match="rollout.max_model_len=12288: shorter than an evaluation can grow"):
-        validate_config(compose(["experiment=qwen_score", "rollout.max_model_len=12288"]))
+        validate_config(compose([*recipe("qwen_score"), "rollout.max_model_len=12288"]))
     # the arithmetic passes at 15400, the measured wrappers and the budget notice do not
-    cfg = compose(["experiment=qwen_score", "rollout.max_model_len=15400"])
+    cfg = compose([*recipe("qwen_score"), "rollout.max_model_len=15400"])
     validate_config(cfg)
     with pytest.raises(ConfigError, match="rollout.max_model_len=15400: an evaluation can reach 15512 tokens"):
         check_budgets(cfg, qwen_tokenizer)
     with pytest.raises(ConfigError, match="shorter than solver.max_prompt_tokens"):
-        validate_config(compose(["experiment=qwen_score", "solver.max_prompt_tokens=12289"]))
+        validate_config(compose([*recipe("qwen_score"), "solver.max_prompt_tokens=12289"]))
     # an evaluator role on HF (rollout.evaluator_engine=hf) never reaches vLLM's context: only the solver's counts
-    on_hf = compose(["experiment=qwen_score", "rollout.max_model_len=12288", "rollout.evaluator_engine=hf"])
+    on_hf = compose([*recipe("qwen_score"), "rollout.max_model_len=12288", "rollout.evaluator_engine=hf"])
     validate_config(on_hf)
     check_budgets(on_hf, qwen_tokenizer)
     with pytest.raises(ConfigError, match="shorter than solver.max_prompt_tokens"):
-        validate_config(compose(["experiment=qwen_score", "rollout.evaluator_engine=hf", "rollout.max_model_len=9000"]))
+        validate_config(compose([*recipe("qwen_score"), "rollout.evaluator_engine=hf", "rollout.max_model_len=9000"]))
 
 
 def test_given_rubrics_are_measured_from_their_file(tmp_path, tokenizer):

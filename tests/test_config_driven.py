@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import FAST, ROOT, RecordingCallback, compose, read_scalars
+from helpers import FAST, ROOT, RecordingCallback, compose, read_scalars, recipe
 
 STEP = FAST + ["rollout=scripted", "solver.num_rollouts=2", "solver.max_response_tokens=200",
                "evaluator.max_response_tokens=300", "evaluator.max_rubric_tokens=160"]
@@ -176,7 +176,7 @@ def test_an_unloadable_hub_model_is_one_error_block_naming_the_key(tmp_path, off
     env = {"HF_HUB_OFFLINE": offline, "HF_HUB_CACHE": str(tmp_path / "empty_hf_cache")}
     if endpoint:
         env["HF_ENDPOINT"] = endpoint
-    proc, took = _cli(["experiment=qwen_score_1gpu"], tmp_path, **env)
+    proc, took = _cli([*recipe("qwen_score_1gpu")], tmp_path, **env)
     assert proc.returncode == 2 and took < 30, (proc.returncode, took, proc.stderr[-2000:])
     assert "error: model.name_or_path='Qwen/Qwen2.5-0.5B-Instruct' cannot load:" in proc.stderr
     assert says in proc.stderr and "fix: point it at a local checkpoint directory" in proc.stderr

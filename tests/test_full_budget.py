@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from helpers import compose
+from helpers import compose, recipe
 from score_lightning import protocol as P
 from score_lightning.roles.evaluation import parse_evaluation
 from score_lightning.rollout.scripted import ProtocolResponder, ScriptedEngine, ScriptRequest
@@ -114,7 +114,7 @@ def test_qwen_score_at_full_budget_runs_one_step_and_every_evaluation_reaches_ev
 
     long_passage_corpus(corpus_file, tmp_path / "corpus.jsonl")
     cfg = compose([
-        "experiment=qwen_score", f"model.name_or_path={qwen_ckpt}", "trainer.max_steps=1",
+        *recipe("qwen_score"), f"model.name_or_path={qwen_ckpt}", "trainer.max_steps=1",
         f"retriever.corpus_path={tmp_path / 'corpus.jsonl'}", f"retriever.index_dir={tmp_path / 'bm25'}",
         # what a CPU needs instead of 4 GPUs; every length, K and tool budget stays the recipe's
         "trainer.accelerator=cpu", "trainer.devices=1", "trainer.precision=32-true", "strategy.mixed_precision=null",

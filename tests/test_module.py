@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import FAST, ROOT, compose, read_scalars
+from helpers import FAST, ROOT, compose, read_scalars, recipe
 
 NAMED_SCALARS = [
     "solver/reward_mean", "solver/reward_std", "solver/entropy", "solver/kl", "solver/clipfrac", "solver/grad_norm",
@@ -115,7 +115,7 @@ def test_cli_refuses_bad_value_within_seconds(tmp_path):
 
 
 def test_qwen_score_resolves_paper_settings():
-    cfg = compose(["experiment=qwen_score"])
+    cfg = compose([*recipe("qwen_score")])
     assert cfg.model.name_or_path == "Qwen/Qwen2.5-7B-Instruct"
     assert cfg.strategy.name == "fsdp" and cfg.rollout.engine == "vllm" and cfg.trainer.devices == 4
     assert (cfg.solver.num_rollouts, cfg.harness.every_n_steps, cfg.evaluator.update_every) == (8, 5, 1)

@@ -44,3 +44,17 @@ def test_a_batch_larger_than_the_query_set_is_refused_with_the_fix(tmp_path):
 def test_resuming_with_max_steps_already_reached_is_refused(tmp_path):
     err = _refused(tmp_path, "experiment=tiny_score", f"ckpt_path={GOLDEN_CKPT}", "trainer.max_steps=2")
     assert "trainer.max_steps=2" in err and "already holds SCORE step 2" in err and "trainer.max_steps=4" in err
+
+
+@pytest.mark.parametrize("experiment", ["qwen_score", "llama_score", "qwen_score_1gpu"])
+def test_a_gpu_recipe_asks_for_its_queries_and_its_search_server(experiment, tmp_path):
+    """The paper's recipes train on the user's queries against the user's search server: without them each is
+    refused by name, with where to read how, before any model loads (not the 40 embedded questions against a
+    batch of 64, nor a server guessed on 127.0.0.1:8000)."""
+    proc = subprocess.run([sys.executable, "src/train.py", f"experiment={experiment}", f"paths.output_dir={tmp_path}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    err = proc.stderr
+    assert proc.returncode == 2 and err.startswith("error: invalid config:") and "Traceback" not in err, err[-2000:]
+    assert "  - data.queries_path: required" in err and "  - retriever.url: required" in err
+    assert err.count('docs/RECIPES.md, "Your queries and your corpus"') == 2
+    assert (ROOT / "docs" / "RECIPES.md").read_text().count("### Your queries and your corpus") == 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import compose
+from helpers import compose, recipe
 from score_lightning.step.batching import build_token_batch, policy_logprobs
 from score_lightning.step.optimizers import build_optimizers, loss_alpha, warmup_factor
 from score_lightning.roles.rubric import Rubric
@@ -146,7 +146,7 @@ def test_separate_evaluator_and_frozen_solver_get_the_right_optimisers(tiny_ckpt
 
 
 def test_warmup_schedules_by_hand():
-    paper = compose(["experiment=qwen_score"])
+    paper = compose([*recipe("qwen_score")])
     steps = warmup_factor(paper.optim)
     assert [steps(s) for s in range(7)] == pytest.approx([0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.0])  # verl, 5 steps from 0
     start = compose(["optim.warmup_steps=4", "optim.warmup_start_ratio=0.2"])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from helpers import compose
+from helpers import compose, recipe
 from score_lightning.launch.config_validation import ConfigError, sft_enabled, validate_config
 
 #: Table 2 of the paper, as config keys: the same values for both base models
@@ -68,7 +68,7 @@ def test_smollm2_preset_converts_a_packaged_gguf_with_float32_master_weights():
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes_validates_and_keeps_float32_master_weights(experiment):
-    cfg = compose([f"experiment={experiment}"])
+    cfg = compose([*recipe(experiment)])
     validate_config(cfg)
     assert cfg.model.dtype == "float32" and cfg.model.allow_low_precision_weights is False
 
@@ -77,13 +77,13 @@ def test_every_experiment_composes_validates_and_keeps_float32_master_weights(ex
 def test_low_precision_master_weights_are_refused_at_a_small_lr(experiment):
     for dtype in ("bfloat16", "float16"):
         with pytest.raises(ConfigError, match=f"model.dtype='{dtype}' with optim.lr=1e-06: .*round") as exc:
-            validate_config(compose([f"experiment={experiment}", f"model.dtype={dtype}"]))
+            validate_config(compose([*recipe(experiment), f"model.dtype={dtype}"]))
         assert "model.allow_low_precision_weights=true" in str(exc.value)
     # the user says they know; a large lr (the tiny model's 1e-4) moves bf16 weights and is not refused
-    validate_config(compose([f"experiment={experiment}", "model.dtype=bfloat16", "model.allow_low_precision_weights=true"]))
-    validate_config(compose([f"experiment={experiment}", "model.dtype=bf16", "optim.lr=1e-4"]))
+    validate_config(compose([*recipe(experiment), "model.dtype=bfloat16", "model.allow_low_precision_weights=true"]))
+    validate_config(compose([*recipe(experiment), "model.dtype=bf16", "optim.lr=1e-4"]))
     with pytest.raises(ConfigError, match="model.dtype='half': allowed one of"):
-        validate_config(compose([f"experiment={experiment}", "model.dtype=half"]))
+        validate_config(compose([*recipe(experiment), "model.dtype=half"]))
 
 
 def test_the_refusal_matches_its_arithmetic_and_covers_the_evaluators_rate():
@@ -118,7 +118,7 @@ def test_bf16_master_weights_on_the_paper_recipe_are_refused_by_the_cli_in_secon
 
     root = CONFIGS.parent
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "src/train.py", "experiment=qwen_score", "model.dtype=bfloat16",
+    proc = subprocess.run([sys.executable, "src/train.py", *recipe("qwen_score"), "model.dtype=bfloat16",
                            "optim.lr=1e-6", f"paths.output_dir={tmp_path}"], cwd=root, capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=str(root / "src")), timeout=120)
     assert proc.returncode == 2 and time.time() - t0 < 30, (proc.returncode, proc.stderr[-2000:])
@@ -128,7 +128,7 @@ def test_bf16_master_weights_on_the_paper_recipe_are_refused_by_the_cli_in_secon
 
 @pytest.mark.parametrize("experiment", ["qwen_score_1gpu", "llama_score"])
 def test_recipes_keep_every_table2_setting(experiment):
-    cfg = compose([f"experiment={experiment}"])
+    cfg = compose([*recipe(experiment)])
     validate_config(cfg)
     assert _values(cfg, TABLE2) == TABLE2
     assert cfg.strategy.name == "fsdp" and cfg.strategy.mixed_precision == "bf16"
@@ -138,7 +138,7 @@ def test_recipes_keep_every_table2_setting(experiment):
 
 
 def test_llama_score_is_qwen_score_with_the_llama_model():
-    llama, qwen = compose(["experiment=llama_score"]), compose(["experiment=qwen_score"])
+    llama, qwen = compose([*recipe("llama_score")]), compose([*recipe("qwen_score")])
     assert llama.task_name == "llama_score" and llama.model.name_or_path == PRESETS["llama3_1_8b"]
     for section in ("solver", "evaluator", "loss", "optim", "data", "harness", "rollout", "strategy", "trainer",
                     "retriever", "sft"):
@@ -148,8 +148,8 @@ def test_llama_score_is_qwen_score_with_the_llama_model():
 
 
 def test_one_gpu_recipe_scales_the_batch_to_one_gpu_and_colocates_vllm():
-    cfg = compose(["experiment=qwen_score_1gpu"])
-    paper = compose(["experiment=qwen_score"])
+    cfg = compose([*recipe("qwen_score_1gpu")])
+    paper = compose([*recipe("qwen_score")])
     assert cfg.task_name == "qwen_score_1gpu" and cfg.model.name_or_path == PRESETS["qwen2_5_0_5b"]
     assert cfg.trainer.devices == 1 and cfg.trainer.num_nodes == 1
     # one GPU's share of the paper's 64 queries, with the paper's two PPO mini-batches per SCORE step
@@ -158,8 +158,8 @@ def test_one_gpu_recipe_scales_the_batch_to_one_gpu_and_colocates_vllm():
     assert cfg.rollout.gpu_memory_utilization < paper.rollout.gpu_memory_utilization
     assert cfg.rollout.enable_sleep_mode is True and cfg.rollout.tensor_parallel_size == 1
     assert cfg.strategy.cpu_offload is False and cfg.strategy.activation_checkpointing is False
-    assert cfg.retriever.kind == "bm25"  # runs without a retrieval server
-    big = compose(["experiment=qwen_score_1gpu", "model=qwen2_5_1_5b"])
+    assert cfg.retriever.kind == "http" and cfg.data.queries_path is None  # INPUTS: the embedded queries
+    big = compose([*recipe("qwen_score_1gpu"), "model=qwen2_5_1_5b"])
     assert big.model.name_or_path == PRESETS["qwen2_5_1_5b"] and big.trainer.devices == 1
     validate_config(big)
 
@@ -174,7 +174,7 @@ def test_tiny_score_cold_start_is_on_for_the_tiny_model_only():
 
 
 def test_the_from_scratch_cold_start_is_refused_on_a_pretrained_model():
-    cfg = compose(["experiment=qwen_score_1gpu", "sft.enabled=true"])
+    cfg = compose([*recipe("qwen_score_1gpu"), "sft.enabled=true"])
     with pytest.raises(ConfigError) as exc:
         validate_config(cfg)
     msg = str(exc.value)
@@ -185,7 +185,7 @@ def test_the_from_scratch_cold_start_is_refused_on_a_pretrained_model():
 
 
 def test_sft_pretrained_preset_turns_the_cold_start_on_with_fine_tuning_settings():
-    cfg = compose(["experiment=qwen_score_1gpu", "sft=pretrained"])
+    cfg = compose([*recipe("qwen_score_1gpu"), "sft=pretrained"])
     validate_config(cfg)
     s = cfg.sft
     assert sft_enabled(cfg) and s.lr == 1e-5 and s.prompt_loss_weight == 0.0 and s.epochs == 1

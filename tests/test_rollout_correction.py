@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from helpers import FAST, compose
+from helpers import FAST, compose, recipe
 from score_lightning.step.losses import grpo_token_loss
 from score_lightning.step.rollout_correction import (RolloutCorrection, behaviour_logprobs, importance_weights,
                                                      mismatch_sums, resolve_mode, rollout_correction, weight_sums)
@@ -149,7 +149,7 @@ def test_auto_follows_the_engine():
     assert resolve_mode("sequence_mask", "hf") == "sequence_mask"
     with pytest.raises(ValueError):
         resolve_mode("tis", "vllm")
-    qwen, tiny = compose(["experiment=qwen_score"]), compose(FAST)
+    qwen, tiny = compose([*recipe("qwen_score")]), compose(FAST)
     vllm = rollout_correction(qwen.optim, qwen.loss, qwen.rollout)
     assert vllm == RolloutCorrection("token_truncate", None, 3.0, False)
     assert not rollout_correction(tiny.optim, tiny.loss, tiny.rollout).active  # tiny_score: rollout=hf
@@ -164,8 +164,8 @@ def test_auto_follows_the_engine():
     (["optim.rollout_correction_clip_min=1.5"], "optim.rollout_correction_clip_min=1.5"),
     (["optim.rollout_correction_clip_min=1.0", "optim.rollout_correction_clip_max=1.0"], "must be <"),
     (["loss.kl_is_weighted=maybe"], "loss.kl_is_weighted"),
-    (["experiment=qwen_score", "solver.top_p=0.9"], "TRL #6789"),  # auto -> token_truncate under vLLM
-    (["experiment=qwen_score", "solver.top_p=0.9", "optim.rollout_correction=sequence_mask"], "sequence_mask"),
+    ([*recipe("qwen_score"), "solver.top_p=0.9"], "TRL #6789"),  # auto -> token_truncate under vLLM
+    ([*recipe("qwen_score"), "solver.top_p=0.9", "optim.rollout_correction=sequence_mask"], "sequence_mask"),
 ])
 def test_config_refuses_bad_values(overrides, needle):
     from helpers import refusal
@@ -178,7 +178,7 @@ def test_config_refuses_bad_values(overrides, needle):
 def test_config_accepts_the_documented_values():
     from score_lightning.launch.config_validation import validate_config
 
-    validate_config(compose(["experiment=qwen_score", "solver.top_p=0.9", "optim.rollout_correction=none"]))
+    validate_config(compose([*recipe("qwen_score"), "solver.top_p=0.9", "optim.rollout_correction=none"]))
     validate_config(compose(["experiment=tiny_score", "optim.rollout_correction=sequence_mask",
                              "optim.rollout_correction_clip_min=0.5", "loss.kl_is_weighted=true"]))
     validate_config(compose(["experiment=smol_score", "optim.rollout_correction=token_mask"]))  # HF with top-p 0.9

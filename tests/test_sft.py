@@ -202,11 +202,11 @@ def test_budgets_are_tiny_scores():
 
 
 def test_the_embedded_default_runs_the_cold_start_then_rl():
-    from helpers import compose
+    from helpers import compose, recipe
 
     cfg = compose(["experiment=tiny_score"])
     assert cfg.sft.enabled and cfg.trainer.max_steps >= 20 and cfg.reward.require_citation
-    assert not compose(["experiment=qwen_score"]).sft.enabled  # instruct models need no format cold start
+    assert not compose([*recipe("qwen_score")]).sft.enabled  # instruct models need no format cold start
 
 
 def test_random_states_and_weight_plans_are_always_feasible():

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from helpers import FAST, ROOT, compose
+from helpers import FAST, ROOT, compose, recipe
 
 
 def _train(out, extra, timeout=600):
@@ -60,7 +60,7 @@ def test_strategy_configs_instantiate():
     assert separate._ddp_kwargs == {"find_unused_parameters": True}  # the evaluator model is unused in solver steps
     fsdp = instantiate(compose(["strategy=fsdp", "trainer.devices=2"]).strategy)
     assert isinstance(fsdp, ModelParallelStrategy) and fsdp._data_parallel_size == 2
-    qwen = instantiate(compose(["experiment=qwen_score"]).strategy)
+    qwen = instantiate(compose([*recipe("qwen_score")]).strategy)
     assert isinstance(qwen, ModelParallelStrategy) and qwen._data_parallel_size == 4
     with pytest.raises(Exception, match="strategy.mixed_precision"):
         instantiate(compose(["strategy=fsdp", "strategy.mixed_precision=fp8"]).strategy)

@@ -24,6 +24,16 @@ RENAMED = {
 }
 
 
+#: what a recipe leaves for the user to give (``???`` in its YAML), and where to read how
+REQUIRED = {
+    "data.queries_path": "your training queries, a JSONL file of {\"id\", \"prompt\"} per line (null: the 40 "
+                         "embedded Python questions); docs/RECIPES.md, \"Your queries and your corpus\"",
+    "retriever.url": "your search server's URL, e.g. http://HOST:8000/retrieve from python scripts/serve_retriever.py "
+                     "--corpus FILE (or retriever=mcp for an MCP search tool); docs/RECIPES.md, \"Your queries and "
+                     "your corpus\"",
+}
+
+
 def _typed(node: DictConfig) -> type | None:
     cls = OmegaConf.get_type(node)
     return cls if cls is not None and dataclasses.is_dataclass(cls) else None
@@ -81,6 +91,10 @@ def schema_problems(cfg: DictConfig) -> list[str]:
         for key in node.keys():
             if key not in fields:
                 unknown.append(prefix + str(key))
+                continue
+            path = prefix + str(key)
+            if path in REQUIRED and node._get_node(key)._is_missing():
+                problems.append(f"{path}: required (no default; set it on the command line): {REQUIRED[path]}")
                 continue
             meta = dict(fields[key].metadata)
             if not meta or "node" in meta:

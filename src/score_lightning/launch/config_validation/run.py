@@ -18,7 +18,7 @@ def check_run(c: Checks) -> None:
         c("callbacks.adaptive_threads.rise_after", integer(1), "an integer >= 1 (readings before a thread is added)")
     if c.get("retriever.kind") == "mcp":
         check_mcp(c)
-    if c.get("retriever.kind") == "http":
+    if c.get("retriever.kind") == "http" and not OmegaConf.is_missing(c.cfg.retriever, "url"):
         c("retriever.url", lambda v: isinstance(v, str) and v.startswith(("http://", "https://")), "an http(s):// URL")
     check_harness(c)
     c("callbacks.preemption.grace_s", number(0.0), "a number of seconds >= 0")
