@@ -59,7 +59,7 @@ class Part:
 def run_overrides(ckpt: Path, steps: int, cpu: bool) -> list[str]:
     """The one-GPU recipe on the random checkpoint, shrunk so that each part takes about two minutes."""
     o = ["experiment=qwen_score_1gpu", f"model.name_or_path={ckpt}", f"trainer.max_steps={steps}",
-         "data.queries_path=null", "retriever.corpus_path=null",  # the recipe's inputs: the embedded ones
+         "data.queries_path=null", "retriever=bm25",  # the recipe's inputs: the embedded queries, searched in process
          "solver.max_tool_calls=2", "solver.max_prompt_tokens=4096", "evaluator.max_prompt_tokens=4096",
          "evaluator.max_tool_calls=1",
          "optim.warmup_steps=0", "harness.every_n_steps=10", "trainer.enable_progress_bar=false",
