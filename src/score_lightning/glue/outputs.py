@@ -58,6 +58,9 @@ class OutputHooks:
             report_texts(self.trainer, step_samples(ro, rw, self.harness_state, self.tokenizer), self.score_step - 1,
                          str(self.cfg.paths.output_dir))
 
+    def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+        forget_last_step(self.trainer)
+
     def log_step_metrics(self, metrics: dict[str, float]) -> None:
         # Every value is already reduced over ranks (StepScalars) or identical on all of them, so no
         # sync_dist here; logger=True uses global_step, which equals score_step (advance_global_step).
@@ -89,6 +92,26 @@ class OutputHooks:
             (out / "run_config.json").write_text(json.dumps(OmegaConf.to_container(self.cfg, resolve=True), indent=1))
             write_environment(out)  # package versions and CPU: what two runs of one seed on two machines may differ in
         return out
+
+
+def forget_last_step(trainer) -> None:
+    """Forget the step-only scalars of the previous step, whoever logged them, so a tag with no value at this step
+    is absent from every logger and from ``trainer.callback_metrics`` (the collapse guard, the progress bar).
+
+    Why: Lightning keeps each logged key and re-emits its last value at every later step of the epoch, so a tag
+    missing from this step's ``log_dict`` showed the previous step's value (issue 72)."""
+    results = getattr(trainer, "_results", None)
+    if results is None:
+        return
+    stale = set()
+    for item in results.values():
+        if item.meta.on_step and not item.meta.on_epoch:
+            item.reset()
+            stale.add(item.meta.name)
+    connector = trainer._logger_connector
+    for kept in (connector._callback_metrics, connector._logged_metrics, connector._progress_bar_metrics):
+        for name in stale:
+            kept.pop(name, None)
 
 
 def finite(metrics: dict[str, float]) -> dict[str, float]:
