@@ -49,10 +49,12 @@ class OutputHooks:
         if reason is not None:
             self.halt(metrics, reason)
         ro, rw = outcome.rollouts, outcome.rewards
-        log.info("SCORE step %d done: reward=%.3f valid=%.2f rubric_valid=%d consistency=%.3f tool_calls=%.2f (%.1fs)",
-                 self.score_step - 1, metrics["solver/reward_mean"], metrics["solver/answer_valid_rate"],
-                 int(ro.rubrics.valid), outcome.evaluator.consistency, metrics["rollout/tool_calls_mean"],
-                 outcome.clock.elapsed())
+        if self.global_rank == 0:  # one line per step, not one per rank
+            log.info("SCORE step %d done: reward=%.3f valid=%.2f rubric_valid=%d consistency=%.3f tool_calls=%.2f "
+                     "(%.1fs)",
+                     self.score_step - 1, metrics["solver/reward_mean"], metrics["solver/answer_valid_rate"],
+                     int(ro.rubrics.valid), outcome.evaluator.consistency, metrics["rollout/tool_calls_mean"],
+                     outcome.clock.elapsed())
         every = int(self.cfg.logging.text_every_n_steps)
         if every > 0 and (every == 1 or self.score_step % every == 1):
             report_texts(self.trainer, step_samples(ro, rw, self.harness_state, self.tokenizer), self.score_step - 1,
@@ -76,7 +78,7 @@ class OutputHooks:
             self.logger.log_metrics(finite(metrics), step=self.score_step - 1)
             self.logger.save()
         path = Path(self.cfg.callbacks.model_checkpoint.dirpath) / "last.ckpt"
-        self.trainer.save_checkpoint(str(path))
+        self.trainer.save_checkpoint(str(path), weights_only=False)  # the full state: a halted run resumes from it
         log.error("training stopped: %s; checkpoint saved to %s", reason, path)
         raise TrainingHalted(f"training stopped: {reason}; checkpoint saved to {path}")
 
