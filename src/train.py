@@ -21,8 +21,10 @@ def main(cfg: DictConfig) -> None:
     from score_lightning.errors import (ColdStartUnavailable, ConfigError, ModelUnavailable, RetrieverUnavailable,
                                         TrainingHalted)
     from score_lightning.launch.threads import export_wait_policy
+    from score_lightning.telemetry.console import quiet_libraries
 
     export_wait_policy(cfg)  # before torch loads: OpenMP reads OMP_WAIT_POLICY once, when its library loads
+    quiet_libraries()  # before Lightning loads: importing it may build matplotlib's font cache, and say so
     from score_lightning.launch.training import run  # torch loads with it (the config checks import it)
 
     try:

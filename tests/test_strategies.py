@@ -1,8 +1,9 @@
-"""Real multi-process strategies on CPU (gloo): DDP and FSDP2 run SCORE steps and resume."""
+"""Real multi-process strategies on CPU (gloo): DDP and FSDP2 run SCORE steps, print each once, and resume."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -30,7 +31,9 @@ def _meta(ckpt):
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_process_run_and_resume(tmp_path, tiny_ckpt, corpus_file, strategy):
     out = tmp_path / strategy
-    _train(out, [f"strategy={strategy}", "trainer.max_steps=2"])
+    first = _train(out, [f"strategy={strategy}", "trainer.max_steps=2"])
+    steps = re.findall(r"SCORE step (\d+) done", first.stdout + first.stderr)
+    assert steps == ["0", "1"], steps  # each step's console line once, from rank 0, not once per rank
     ckpt = out / "checkpoints" / "last.ckpt"
     meta = _meta(ckpt)
     assert meta["global_step"] == 2 and meta["score"]["score_step"] == 2

@@ -269,7 +269,7 @@ class CollapseGuard(L.Callback):
 
         if improved and self.save_best:
             path = self._resolve_best_path(trainer)
-            trainer.save_checkpoint(path)
+            trainer.save_checkpoint(path, weights_only=False)  # full state; unset, Lightning logs that it chose so
             self.best_model_path = path
 
         if reason:

@@ -49,14 +49,19 @@ class OutputHooks:
         if reason is not None:
             self.halt(metrics, reason)
         ro, rw = outcome.rollouts, outcome.rewards
-        log.info("SCORE step %d done: reward=%.3f valid=%.2f rubric_valid=%d consistency=%.3f tool_calls=%.2f (%.1fs)",
-                 self.score_step - 1, metrics["solver/reward_mean"], metrics["solver/answer_valid_rate"],
-                 int(ro.rubrics.valid), outcome.evaluator.consistency, metrics["rollout/tool_calls_mean"],
-                 outcome.clock.elapsed())
+        if self.global_rank == 0:  # one line per step, not one per rank
+            log.info("SCORE step %d done: reward=%.3f valid=%.2f rubric_valid=%d consistency=%.3f tool_calls=%.2f "
+                     "(%.1fs)",
+                     self.score_step - 1, metrics["solver/reward_mean"], metrics["solver/answer_valid_rate"],
+                     int(ro.rubrics.valid), outcome.evaluator.consistency, metrics["rollout/tool_calls_mean"],
+                     outcome.clock.elapsed())
         every = int(self.cfg.logging.text_every_n_steps)
         if every > 0 and (every == 1 or self.score_step % every == 1):
             report_texts(self.trainer, step_samples(ro, rw, self.harness_state, self.tokenizer), self.score_step - 1,
                          str(self.cfg.paths.output_dir))
+
+    def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+        forget_last_step(self.trainer)
 
     def log_step_metrics(self, metrics: dict[str, float]) -> None:
         # Every value is already reduced over ranks (StepScalars) or identical on all of them, so no
@@ -73,7 +78,7 @@ class OutputHooks:
             self.logger.log_metrics(finite(metrics), step=self.score_step - 1)
             self.logger.save()
         path = Path(self.cfg.callbacks.model_checkpoint.dirpath) / "last.ckpt"
-        self.trainer.save_checkpoint(str(path))
+        self.trainer.save_checkpoint(str(path), weights_only=False)  # the full state: a halted run resumes from it
         log.error("training stopped: %s; checkpoint saved to %s", reason, path)
         raise TrainingHalted(f"training stopped: {reason}; checkpoint saved to {path}")
 
@@ -89,6 +94,26 @@ class OutputHooks:
             (out / "run_config.json").write_text(json.dumps(OmegaConf.to_container(self.cfg, resolve=True), indent=1))
             write_environment(out)  # package versions and CPU: what two runs of one seed on two machines may differ in
         return out
+
+
+def forget_last_step(trainer) -> None:
+    """Forget the step-only scalars of the previous step, whoever logged them, so a tag with no value at this step
+    is absent from every logger and from ``trainer.callback_metrics`` (the collapse guard, the progress bar).
+
+    Why: Lightning keeps each logged key and re-emits its last value at every later step of the epoch, so a tag
+    missing from this step's ``log_dict`` showed the previous step's value (issue 72)."""
+    results = getattr(trainer, "_results", None)
+    if results is None:
+        return
+    stale = set()
+    for item in results.values():
+        if item.meta.on_step and not item.meta.on_epoch:
+            item.reset()
+            stale.add(item.meta.name)
+    connector = trainer._logger_connector
+    for kept in (connector._callback_metrics, connector._logged_metrics, connector._progress_bar_metrics):
+        for name in stale:
+            kept.pop(name, None)
 
 
 def finite(metrics: dict[str, float]) -> dict[str, float]:

@@ -50,3 +50,7 @@ def resolve_resume(cfg: DictConfig, output_dir_overridden: bool) -> None:
         with open_dict(cfg):
             cfg.paths.output_dir = str(run_dir)
         log.info("resuming in the checkpoint's run folder %s (one continuous set of curves)", run_dir)
+    if run_dir is not None and Path(cfg.paths.output_dir).resolve() == run_dir.resolve():
+        from score_lightning.telemetry.console import quiet_resume_in_place
+
+        quiet_resume_in_place()  # its checkpoints/ holds the checkpoint it resumes: no news
