@@ -57,7 +57,7 @@ def test_every_group_is_typed_and_its_options_refuse_keys_they_do_not_read():
     for group in ("threads", "actor", "solver", "evaluator", "verifier", "reward", "loss", "optim", "model", "data",
                   "judge", "harness", "sft", "trainer", "paths", "rollout", "retriever", "strategy", "rubric"):
         assert OmegaConf.get_type(cfg[group]).__name__.endswith("Config"), group
-    assert OmegaConf.get_type(cfg.solver.mams).__name__ == "MamsSettings"  # a method's node, from its folder
+    assert OmegaConf.get_type(cfg.solver.mams).__name__ == "MamsRoleBudgets"  # a method's node, from its folder
     assert "retriever.timeout_s: unknown key" in refusal(["experiment=tiny_score", "+retriever.timeout_s=3"])
     compose(["experiment=tiny_score", "retriever=http", "retriever.timeout_s=3"])  # http reads it
 
@@ -76,3 +76,27 @@ def test_a_stored_config_from_before_the_removed_keys_reads_as_it_ran():
     assert new.optim.clip_ratio_low == 0.2 and new.optim.clip_ratio_high == 0.28
     assert new.optim.scale_rewards == "none" and "warmup_ratio" not in new.optim
     assert "clip_ratio_low" not in new.loss and new.loss.kl_coef == 0.05
+
+
+def test_the_names_the_checks_know_without_torch_are_the_registries_names():
+    """The config checks accept a registered name from the schema (the core's) and the methods' config modules
+    without importing torch; a name either forgets would be refused or would cost the registry import."""
+    code = ("from score_lightning.launch.schema import LIVE_REGISTRIES, known_names, live_names\n"
+            "bad = {k: (sorted(known_names(k)), live_names(k)) for k in LIVE_REGISTRIES\n"
+            "       if known_names(k) != set(live_names(k))}\n"
+            "assert not bad, bad\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_config_checks_load_no_torch():
+    code = ("import sys\nfrom score_lightning.launch.config_check import check_command_line\n"
+            "from score_lightning.errors import ConfigError\n"
+            "try:\n    check_command_line(['experiment=tiny_score', 'optim.mini_batch_size=3'])\n"
+            "except ConfigError as e:\n    print(e)\n"
+            "print('torch' in sys.modules, 'transformers' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "optim.mini_batch_size=3: must be <= data.batch_size" in proc.stdout
+    assert proc.stdout.strip().endswith("False False"), proc.stdout

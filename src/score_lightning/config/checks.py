@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -80,8 +80,26 @@ def unknown_key_line(key: str, known: list[str]) -> str:
     return f"{key}: unknown key{hint}"
 
 
-def schema_problems(cfg: DictConfig) -> list[str]:
-    """Unknown keys under schema nodes, and values outside their field's range or set, one line each."""
+def registry_problem(path: str, value: Any, meta: dict, names: Mapping[str, Iterable[str]] | None,
+                     live: Callable[[str], list[str]] | None) -> str | None:
+    """A registry-backed field: the core's names, the methods' declared ones, else the live registry (a user's own
+    plug-in registers there: the import is paid only for a name nobody declared)."""
+    known = set(meta["registry"]) | set((names or {}).get(path, ()))
+    if value in known:
+        return None
+    if live is not None:
+        known = set(live(path))
+        if value in known:
+            return None
+    what = f"one of the registered {meta['registered']}: " if meta.get("registered") else ""
+    return f"{path}={value!r}: allowed {what}{', '.join(sorted(known))}"
+
+
+def schema_problems(cfg: DictConfig, names: Mapping[str, Iterable[str]] | None = None,
+                    live: Callable[[str], list[str]] | None = None) -> list[str]:
+    """Unknown keys under schema nodes, and values outside their field's range or set, one line each. ``names``:
+    the names each registry-backed key may take besides the core's (the methods'); ``live``: the registry's names
+    when a value is neither."""
     problems, unknown = [], []
     for prefix, node in _walk(cfg):
         cls = _typed(node)
@@ -100,6 +118,11 @@ def schema_problems(cfg: DictConfig) -> list[str]:
             if not meta or "node" in meta:
                 continue
             value = _value(node, key)
+            if "registry" in meta:
+                line = registry_problem(path, value, meta, names, live)
+                if line is not None:
+                    problems.append(line)
+                continue
             kind = "an integer" if fields[key].type in (int, "int", Optional[int], "Optional[int]") else "a number"
             why = value_problem(value, meta, kind)
             if why is not None:

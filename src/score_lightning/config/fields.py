@@ -15,10 +15,16 @@ from omegaconf import MISSING
 
 
 def knob(*, ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
-         choices: Sequence[Any] | None = None, why: str = "", default: Any = MISSING) -> Any:
+         choices: Sequence[Any] | None = None, registry: Sequence[str] | None = None, registered: str = "",
+         why: str = "", default: Any = MISSING) -> Any:
     """A field with its bounds (``ge``/``gt``/``le``/``lt``) or its allowed set (``choices``), and ``why`` (said in
-    the error after what is allowed)."""
-    meta = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt), ("choices", choices)) if v is not None}
+    the error after what is allowed). ``registry``: a name a registry looks up (a plug-in may add one), with the
+    core's own names; the methods declare theirs in their folders (``NAMES``), and ``registered`` says what the
+    names are ("solver workflows") in the error."""
+    meta = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt), ("choices", choices),
+                              ("registry", registry)) if v is not None}
+    if registered:
+        meta["registered"] = registered
     if why:
         meta["why"] = why
     if isinstance(default, (list, dict)):

@@ -23,7 +23,7 @@ class DynamicSamplingConfig:
 class SolverConfig:
     num_rollouts: int = knob(ge=2, why="GRPO normalises over the K rollouts of a query")
     freeze: bool = MISSING
-    objective: str = MISSING
+    objective: str = knob(registry=("grpo",), registered="solver objectives")
     max_tool_calls: int = knob(ge=0, le=10)
     max_response_tokens: int = knob(ge=8)
     max_prompt_tokens: int = knob(ge=8)
@@ -34,7 +34,7 @@ class SolverConfig:
     conclusion_line: bool = MISSING
     dynamic_sampling: DynamicSamplingConfig = node(DynamicSamplingConfig)
     mask_truncated: bool = MISSING
-    agent: str = MISSING
+    agent: str = knob(registry=("react",), registered="solver workflows")
 
 
 @dataclass
@@ -78,7 +78,7 @@ class EvaluatorConfig:
     max_prompt_tokens: int = knob(ge=8)
     invalid_rubric_reward: float = MISSING
     static_rubric: bool = MISSING
-    reward: str = MISSING
+    reward: str = knob(registry=("consistency", "discriminative", "solver_reward"), registered="evaluator rewards")
     scoring_reward: str = knob(choices=("none", "pairwise_recall"),
                                why="none: scoring tokens never train (the paper); pairwise_recall: REINFORCE on "
                                    "whether the scores order the reports as their item_recall does")
@@ -123,7 +123,7 @@ class RewardConfig:
     min_answer_chars: int = knob(ge=0)
     overlong: OverlongConfig = node(OverlongConfig)
     citation_judge: CitationJudgeConfig = node(CitationJudgeConfig)
-    step: str = MISSING
+    step: str = knob(registry=("none",), registered="step credits")
     step_lambda: float = knob(ge=0.0, why="weight of the step advantage")
     step_max_tokens: int = knob(ge=8)
     step_invalid_reward: float = knob(ge=-1.0, le=1.0, why="valid judgements earn a correlation")
@@ -140,10 +140,10 @@ class LossConfig:
 
 @dataclass
 class OptimConfig:
-    loss_type: str = MISSING
+    loss_type: str = knob(registry=("bnpo", "cispo", "dapo", "dr_grpo", "grpo", "grpo_seq_mean", "gspo"))
     clip_ratio_low: float = knob(ge=0.0, le=1.0, why="the ratio's lower clip is 1 - it; 1: none")
     clip_ratio_high: float = knob(ge=0.0, why="the upper clip is 1 + it")
-    scale_rewards: str = MISSING
+    scale_rewards: str = knob(registry=("batch", "group", "none"))
     lr: float = knob(gt=0.0)
     weight_decay: float = knob(ge=0.0)
     betas: List[float] = MISSING

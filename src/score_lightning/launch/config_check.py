@@ -85,18 +85,14 @@ def command_line_problems(overrides: list[str], config_dir: Path | None = None) 
 
 
 def check_command_line(overrides: list[str]) -> None:
-    """Raise :class:`ConfigError` listing every problem of the command line. The schema's checks run here, before
-    torch loads; when they find one, the cross-key rules run too, so one block holds every problem. A clean
-    schema leaves the cross-key rules to the run (``launch.training.run``), which checks them once."""
-    from score_lightning.config.checks import schema_problems
+    """Raise :class:`ConfigError` listing every problem of the command line: its overrides, the schema's checks and
+    the rules across keys, in one block. None of them loads torch (a registered name nobody declared does: the
+    registry is asked), so a refusal takes about as long as Python and Hydra take to start."""
     from score_lightning.errors import ConfigError
+    from score_lightning.launch.config_validation import validate_config
 
     problems, cfg = command_line_problems(overrides)
     if cfg is not None:
-        problems += schema_problems(cfg)
-    if problems and cfg is not None:
-        from score_lightning.launch.config_validation import validate_config
-
         try:
             validate_config(cfg)
         except ConfigError as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any
+from typing import Any, Callable
 
 from hydra.core.config_store import ConfigStore
 
@@ -24,8 +24,8 @@ from score_lightning.config.step_groups import (EvaluatorConfig, LossConfig, Opt
 from score_lightning.sft.config import SftConfig
 
 #: each method's schema module (light: dataclasses only)
-METHOD_CONFIGS = ("score_lightning.methods.dpo.config", "score_lightning.methods.mams.config",
-                  "score_lightning.methods.rubricem.config", "score_lightning.methods.preference.config",
+METHOD_CONFIGS = ("score_lightning.methods.arco.config", "score_lightning.methods.dpo.config",
+                  "score_lightning.methods.mams.config", "score_lightning.methods.rubricem.config", "score_lightning.methods.preference.config",
                   "score_lightning.methods.rler.config", "score_lightning.methods.given.config",
                   "score_lightning.methods.drrubric.config")
 
@@ -41,6 +41,46 @@ _CORE_GROUPS: dict[str, type] = {
 #: groups whose options have their own classes (``OPTION_SCHEMAS``), and the open ones: a callback or a logger is
 #: any class a user names with ``_target_`` (Lightning's, or their own: ``+callbacks.mine._target_=...``)
 _OPEN_GROUPS = ("rollout", "retriever", "strategy", "rubric", "callbacks", "logger")
+
+
+#: the registry behind each registry-backed key (imported only for a name no schema declares)
+LIVE_REGISTRIES = {
+    "optim.loss_type": ("score_lightning.step.loss_registry", "POLICY_LOSSES"),
+    "optim.scale_rewards": ("score_lightning.step.loss_registry", "REWARD_SCALINGS"),
+    "evaluator.reward": ("score_lightning.step.objectives", "EVALUATOR_REWARDS"),
+    "reward.step": ("score_lightning.step.objectives", "STEP_CREDIT"),
+    "solver.agent": ("score_lightning.rollout.workflows", "SOLVER_WORKFLOWS"),
+    "solver.objective": ("score_lightning.step.solver_objective", "SOLVER_OBJECTIVES"),
+}
+
+
+def declared_names() -> dict[str, set[str]]:
+    """The names each method declares it registers (``methods/<name>/config.py``: ``NAMES``), by config key."""
+    out: dict[str, set[str]] = {}
+    for name in METHOD_CONFIGS:
+        for key, names in getattr(importlib.import_module(name), "NAMES", {}).items():
+            out.setdefault(key, set()).update(names)
+    return out
+
+
+def method_checks() -> dict[tuple[str, str], Callable[[Any], list[str]]]:
+    """Each method's rules across keys (``CHECKS``), by the (config key, name) that selects the method."""
+    out: dict[tuple[str, str], Callable[[Any], list[str]]] = {}
+    for name in METHOD_CONFIGS:
+        out.update(getattr(importlib.import_module(name), "CHECKS", {}))
+    return out
+
+
+def known_names(key: str) -> set[str]:
+    """The names ``key`` may take without asking its registry: the core's (its schema field's) and the methods'."""
+    meta = {f.name: f.metadata for f in dataclasses.fields(schema_class(key.rsplit(".", 1)[0]))}[key.rsplit(".", 1)[1]]
+    return set(meta.get("registry", ())) | declared_names().get(key, set())
+
+
+def live_names(key: str) -> list[str]:
+    """The names registered under ``key`` now (the shipped methods and any the process registered itself)."""
+    module, attr = LIVE_REGISTRIES[key]
+    return getattr(importlib.import_module(module), attr).names()
 
 
 def _method_schemas() -> tuple[dict[str, type], dict[str, dict[str, type]]]:

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from score_lightning import protocol as P
-from score_lightning.rollout.agent import AgentConfig
 
 if TYPE_CHECKING:
+    from score_lightning.rollout.agent import AgentConfig
     from score_lightning.config.schema import EvaluatorConfig, SolverConfig
 
 SOLVER, RUBRIC, SCORING = "solver", "rubric", "scoring"
@@ -88,11 +88,15 @@ class DemoBudgets:
 
     def solver_agent(self) -> AgentConfig:
         """The solver's agent config, built as ``ScoreModule.rollout`` builds it."""
+        from score_lightning.rollout.agent import AgentConfig  # torch: the demo builder's, not the config checks'
+
         return AgentConfig(max_tool_calls=self.solver_max_tool_calls, max_response_tokens=self.solver_max_response_tokens,
                            max_observation_tokens=self.max_observation_tokens, topk=self.topk, finish_tag=P.ANSWER_CLOSE)
 
     def scoring_agent(self) -> AgentConfig:
         """The scoring agent config, built as ``ScoreModule.score_reports`` builds it."""
+        from score_lightning.rollout.agent import AgentConfig
+
         return AgentConfig(max_tool_calls=self.evaluator_max_tool_calls,
                            max_response_tokens=self.evaluator_max_response_tokens,
                            max_observation_tokens=self.max_observation_tokens, topk=self.topk,

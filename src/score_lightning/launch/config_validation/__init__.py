@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 
 from score_lightning.config.checks import schema_problems
 from score_lightning.errors import ConfigError  # re-exported: callers import it from here
+from score_lightning.launch.schema import declared_names, live_names
 from score_lightning.launch.config_validation.asynchronous import check_async
 from score_lightning.launch.config_validation.judge import check_judge
 from score_lightning.launch.config_validation.model import (LOW_PRECISION_MAX_LR, check_model, pretrained_model,
@@ -27,7 +28,8 @@ __all__ = ["ConfigError", "LOW_PRECISION_MAX_LR", "data_parallel_processes", "da
 def validate_config(cfg: DictConfig) -> None:
     """Raise :class:`ConfigError` listing every bad value (all of them, not just the first)."""
     checks = Checks(cfg)
-    checks.errors.extend(schema_problems(cfg))  # unknown keys, ranges and allowed sets: the schema states them
+    # unknown keys, ranges, allowed sets and registered names: the schema states them (launch/schema.py)
+    checks.errors.extend(schema_problems(cfg, declared_names(), live_names))
     for group in (check_run, check_solver, check_evaluator, check_reward, check_update, check_model, check_async,
                   check_judge):
         group(checks)

@@ -6,9 +6,8 @@ import logging
 
 from score_lightning.launch.config_validation.values import Checks, integer, one_of
 from score_lightning.launch.config_validation.topology import data_parallel_size
-from score_lightning.step.loss_registry import POLICY_LOSSES, REWARD_SCALINGS
-from score_lightning.step.rollout_correction import MODES, resolve_mode
-from score_lightning.step.solver_objective import SOLVER_OBJECTIVES
+from score_lightning.launch.schema import known_names, live_names, method_checks
+from score_lightning.step.correction_modes import MODES, resolve_mode
 
 log = logging.getLogger(__name__)
 
@@ -27,26 +26,30 @@ def check_update(c: Checks) -> None:
 
 
 def check_solver_objective(c: Checks) -> None:
-    """``solver.objective``: a registered solver objective (step/solver_objective.py, methods/), and that
-    objective's own config errors, each naming its key."""
-    objectives = SOLVER_OBJECTIVES.names()
-    c("solver.objective", one_of(*objectives), f"one of the registered solver objectives: {', '.join(objectives)}")
+    """The selected solver objective's own rules across keys: a shipped method's from its config module (no torch),
+    an objective registered elsewhere (a user's plug-in) from its registry entry. The name itself is the schema's."""
     name = c.get("solver.objective")
-    if name in objectives:
-        for line in SOLVER_OBJECTIVES.get(name).check(c.cfg):
-            c.add(line)
+    declared = method_checks().get(("solver.objective", name))
+    if declared is not None:
+        c.errors.extend(declared(c.cfg))
+    elif name not in known_names("solver.objective") and name in live_names("solver.objective"):
+        from score_lightning.step.solver_objective import SOLVER_OBJECTIVES
+
+        c.errors.extend(SOLVER_OBJECTIVES.get(name).check(c.cfg))
 
 
 def check_loss_variants(c: Checks) -> None:
-    """``optim.loss_type`` and its companions (step/loss_registry.py), and where one does not apply. The allowed
-    values are the registries' names, so a registered plug-in is allowed and listed."""
-    losses, scalings = POLICY_LOSSES.names(), REWARD_SCALINGS.names()
-    c("optim.loss_type", one_of(*losses), ", ".join(losses))
-    c("optim.scale_rewards", one_of(*scalings), ", ".join(scalings))
+    """Where ``optim.loss_type`` and its companions do not apply (the names themselves are the schema's: a
+    registered plug-in is allowed and listed)."""
     loss_type = c.get("optim.loss_type")
-    per_row = [n for n, e in POLICY_LOSSES.items() if e.normaliser.counts_sequences]  # gspo, grpo_seq_mean
-    if c.get("solver.agent") == "mams" and loss_type in per_row:
-        per_token = ", ".join(n for n in losses if n not in per_row)
+    if c.get("solver.agent") != "mams" or loss_type not in live_names("optim.loss_type"):
+        per_row = []
+    else:  # the losses' normalisers say which count sequences (a rule only MaMs meets: the registry is asked then)
+        from score_lightning.step.loss_registry import POLICY_LOSSES
+
+        per_row = [n for n, e in POLICY_LOSSES.items() if e.normaliser.counts_sequences]  # gspo, grpo_seq_mean
+    if loss_type in per_row:
+        per_token = ", ".join(n for n in live_names("optim.loss_type") if n not in per_row)
         c.add(f"optim.loss_type={loss_type} with solver.agent=mams: it divides each sequence by its own length (gspo "
               "also takes its ratio and clip per sequence), and a MaMs trajectory is trained as one row per role "
               f"call, so its sequence would be one role call; set optim.loss_type to one of {per_token} (dr_grpo's "

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from score_lightning import distributed as D
+from score_lightning.methods.dpo.config import check
 from score_lightning.methods.dpo.loss import dpo_loss, select_pairs, sequence_logps
 from score_lightning.step.batching import TokenBatch, build_token_batch, policy_logprobs
 from score_lightning.step.scalars import StepScalars
@@ -165,29 +166,6 @@ class DPOObjective(SolverObjective):
         for key in ("chosen", "rejected", "margin", "accuracy"):
             scalars.mean(f"solver/dpo_reward_{key}", sums[key], seen)
         return super().record(scalars, result)
-
-
-def check(cfg) -> list[str]:
-    """What DPO cannot be combined with (each line names the keys and the fix). Each ``solver.dpo`` value on its own
-    (beta > 0, the loss types, smoothing in [0, 0.5)) is the schema's to refuse (:mod:`~score_lightning.methods.dpo.
-    config`), so only the rules across keys are here."""
-    errors = []
-    smoothing, loss_type = cfg.solver.dpo.label_smoothing, cfg.solver.dpo.loss_type
-    if smoothing != 0 and loss_type == "sigmoid":
-        errors.append(f"solver.dpo.label_smoothing={smoothing} with solver.dpo.loss_type=sigmoid: TRL's sigmoid DPO "
-                      "has no label smoothing; set solver.dpo.loss_type=robust (robust DPO) or label_smoothing=0")
-    kl = cfg.loss.kl_coef
-    if isinstance(kl, (int, float)) and kl <= 0:
-        errors.append(f"solver.objective=dpo with loss.kl_coef={kl}: DPO compares each report with the frozen "
-                      "reference, which the run loads only while loss.kl_coef > 0 (its value does not enter DPO's "
-                      "loss, beta is DPO's pull to the reference); set loss.kl_coef=0.05")
-    if cfg.reward.step != "none":
-        errors.append(f"solver.objective=dpo with reward.step={cfg.reward.step}: DPO compares whole reports and "
-                      "has no per-token advantage for step credit to add to; set reward.step=none")
-    if cfg.reward.overlong.enabled is True:
-        errors.append("solver.objective=dpo with reward.overlong.enabled=true: the overlong penalty shapes GRPO's "
-                      "advantages, which DPO has none of; set reward.overlong.enabled=false")
-    return errors
 
 
 SOLVER_OBJECTIVES.register("dpo", SolverObjectiveEntry(lambda cfg: DPOObjective(dpo_settings(cfg.solver, cfg.optim)),

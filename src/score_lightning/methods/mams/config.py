@@ -6,7 +6,7 @@ from score_lightning.config.fields import knob
 
 
 @dataclass
-class MamsSettings:
+class MamsRoleBudgets:
     chunk_tokens: int = knob(ge=8)
     max_observation_tokens: int = knob(ge=8)
     search_tokens: int = knob(ge=8)
@@ -18,4 +18,6 @@ class MamsSettings:
 
 
 #: where this node sits in the run's config
-NODES = {"solver.mams": MamsSettings}
+NODES = {"solver.mams": MamsRoleBudgets}
+#: the names it registers, by the config key that selects them (read before torch loads)
+NAMES = {"solver.agent": ("mams",)}

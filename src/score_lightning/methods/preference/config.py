@@ -21,3 +21,5 @@ class PreferenceRewardConfig:
 
 #: where this node sits in the run's config
 NODES = {"evaluator.preference": PreferenceRewardConfig}
+#: the names it registers, by the config key that selects them (read before torch loads)
+NAMES = {"evaluator.reward": ("preference",)}

@@ -13,3 +13,5 @@ class RubricEMConfig:
 
 #: where this node sits in the run's config
 NODES = {"solver.rubricem": RubricEMConfig}
+#: the names it registers, by the config key that selects them (read before torch loads)
+NAMES = {"solver.agent": ("rubricem",), "reward.step": ("stage",)}
