@@ -92,6 +92,18 @@ def check_command_line(overrides: list[str]) -> None:
     from score_lightning.launch.config_validation import validate_config
 
     problems, cfg = command_line_problems(overrides)
+    if cfg is not None and str(cfg.ckpt_path) == "last":  # as the run will read it (launch/runs.resolve_resume)
+        from omegaconf import open_dict
+
+        from score_lightning.launch.runs import latest_checkpoint
+
+        task_dir = Path(cfg.paths.log_dir) / str(cfg.task_name)
+        found = latest_checkpoint(task_dir)
+        with open_dict(cfg):
+            cfg.ckpt_path = None if found is None else str(found)
+        if found is None:
+            problems.append(f"ckpt_path=last: no checkpoints/last.ckpt below {task_dir}; give the checkpoint's path "
+                            "instead")
     if cfg is not None:
         try:
             validate_config(cfg)
