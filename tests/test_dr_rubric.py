@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 
-from helpers import FAST, ROOT, compose, read_scalars
+from helpers import FAST, compose, read_scalars, train
 from score_lightning.harness.scheduler import DimensionScheduler
 from score_lightning.harness.state import HarnessState
 from score_lightning import protocol as P
@@ -238,15 +235,12 @@ def test_bad_settings_are_refused_by_name():
         validate_config(compose(["experiment=drrubric_tiny", "rollout.mode=async"]))
 
 
-def test_drrubric_tiny_runs_two_steps_on_the_cli(tmp_path, tiny_ckpt):
+def test_drrubric_tiny_runs_two_steps(tmp_path, tiny_ckpt):
     out = tmp_path / "dr"
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     fast = [a.replace("experiment=tiny_score", "experiment=drrubric_tiny") for a in FAST]
-    cmd = [sys.executable, "src/train.py", *fast, "rollout=scripted", "solver.num_rollouts=3", "trainer.max_steps=2",
-           "solver.max_response_tokens=200", "evaluator.max_response_tokens=500", "rubric.iteration_steps=1",
-           "rubric.iterations=2", f"paths.output_dir={out}"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train([*fast, "rollout=scripted", "solver.num_rollouts=3", "trainer.max_steps=2", "solver.max_response_tokens=200",
+           "evaluator.max_response_tokens=500", "rubric.iteration_steps=1", "rubric.iterations=2",
+           f"paths.output_dir={out}"])
     scalars = read_scalars(out / "tensorboard")
     assert [v for _, v in scalars["rubric/iteration"]] == [1.0, 2.0]
     assert [v for _, v in scalars["rubric/rewritten"]] == [1.0, 1.0]  # FAST: one query per step, rewritten each

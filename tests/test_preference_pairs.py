@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from collections import defaultdict
 
-from helpers import FAST, ROOT, read_scalars
+from helpers import FAST, ROOT, read_scalars, train
 from score_lightning.items.format import EMBEDDED_ITEMS_PATH, load_items, text_digest
 from score_lightning.rewards.citations import cited_ids
 from score_lightning.rewards.items import item_recall
@@ -55,14 +54,11 @@ def test_the_chosen_report_satisfies_more_items_by_the_verifier():
     assert len([p for p in load_preferences(PACKAGED) if p.get("split") == "train"]) == 62
 
 
-def test_preference_tiny_runs_a_step_on_the_cli(tmp_path, tiny_ckpt):
+def test_preference_tiny_runs_a_step(tmp_path, tiny_ckpt):
     out = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    cmd = [sys.executable, "src/train.py", "experiment=preference_tiny", *FAST[1:], "rollout=scripted",
-           "trainer.max_steps=1", "solver.max_response_tokens=200", "evaluator.max_response_tokens=500",
-           "evaluator.max_rubric_tokens=160", f"paths.output_dir={out}"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train(["experiment=preference_tiny", *FAST[1:], "rollout=scripted", "trainer.max_steps=1",
+           "solver.max_response_tokens=200", "evaluator.max_response_tokens=500", "evaluator.max_rubric_tokens=160",
+           f"paths.output_dir={out}"])
     scalars = read_scalars(out / "tensorboard")
     assert [s for s, _ in scalars["evaluator/reward"]] == [0]
     assert all(0.0 <= v <= 1.0 for _, v in scalars["evaluator/reward"])  # the step's mean agreement

@@ -14,7 +14,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-from helpers import FAST, ROOT, compose, process_alive, read_scalars
+from helpers import FAST, ROOT, compose, process_alive, read_scalars, train
 from score_lightning.policy.checkpoint_io import CheckpointError, atomic_torch_save, validate_checkpoint
 
 
@@ -164,14 +164,11 @@ def test_retrieval_server_killed_mid_run(tmp_path, tiny_ckpt, corpus_file, cache
     assert torch.load(ckpt, weights_only=True)["score"]["score_step"] == 3
 
 
-def test_dead_retriever_cli_finishes_and_counts_errors(tmp_path, tiny_ckpt):
+def test_dead_retriever_run_finishes_and_counts_errors(tmp_path, tiny_ckpt):
     """With the start-up probe off, a dead retriever is survived: failures are observations and counted."""
     out = tmp_path / "dead"
-    proc = subprocess.run([sys.executable, "src/train.py", *FAST, "retriever=http",
-                           "retriever.url=http://127.0.0.1:9/retrieve", "retriever.backoff_s=0.01",
-                           "retriever.probe_at_start=false", "trainer.max_steps=2", f"paths.output_dir={out}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train([*FAST, "retriever=http", "retriever.url=http://127.0.0.1:9/retrieve", "retriever.backoff_s=0.01",
+           "retriever.probe_at_start=false", "trainer.max_steps=2", f"paths.output_dir={out}"])
     errors = [v for _, v in read_scalars(out / "tensorboard")["rollout/retrieval_errors"]]
     assert errors[-1] > 0
 

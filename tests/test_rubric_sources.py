@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from helpers import FAST, ROOT, compose, read_scalars
+from helpers import FAST, ROOT, compose, read_scalars, train
 from score_lightning.harness.scheduler import DimensionScheduler
 from score_lightning.harness.state import HarnessState
 from score_lightning.retrieval.base import SearchHit
@@ -21,7 +18,7 @@ from score_lightning.rollout.scripted import ProtocolResponder, ScriptedEngine
 from score_lightning.step.rubric_source import RubricContext
 from score_lightning.methods.rler.evolving import EvolvingRubrics
 from score_lightning.methods.given.rubrics import load_given_rubrics
-from score_lightning.methods.rler.items import Item, items_rubric, parse_items
+from score_lightning.methods.rler.items import items_rubric, parse_items
 from score_lightning.methods.preference.reward import PreferenceReward
 
 
@@ -245,15 +242,11 @@ MODES = {
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_each_mode_runs_three_steps_on_the_cli(mode, tmp_path, tiny_ckpt):
+def test_each_mode_runs_three_steps(mode, tmp_path, tiny_ckpt):
     extra, tag = MODES[mode]
     out = tmp_path / mode
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    cmd = [sys.executable, "src/train.py", *FAST, "rollout=scripted", "solver.num_rollouts=3", "trainer.max_steps=3",
-           "solver.max_response_tokens=200", "evaluator.max_response_tokens=500", "evaluator.max_rubric_tokens=160",
-           f"paths.output_dir={out}", *extra]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train([*FAST, "rollout=scripted", "solver.num_rollouts=3", "trainer.max_steps=3", "solver.max_response_tokens=200",
+           "evaluator.max_response_tokens=500", "evaluator.max_rubric_tokens=160", f"paths.output_dir={out}", *extra])
     scalars = read_scalars(out / "tensorboard")
     for key in ("solver/reward_mean", "solver/reward_score_part", "evaluator/rubric_valid_rate", tag):
         values = [v for _, v in scalars[key]]

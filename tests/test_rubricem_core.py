@@ -76,20 +76,13 @@ def test_prompts_carry_the_stages_and_the_guidance():
     assert "[Research: searches]\n- q1" in j[1]["content"]
 
 
-def test_rubricem_tiny_trains_two_steps_with_stage_credit_on_the_cli(tmp_path, tiny_ckpt):
-    import os
-    import subprocess
-    import sys
-
-    from helpers import FAST, ROOT, read_scalars
+def test_rubricem_tiny_trains_two_steps_with_stage_credit(tmp_path, tiny_ckpt):
+    from helpers import FAST, read_scalars, train
 
     out = tmp_path / "em"
     fast = [a.replace("experiment=tiny_score", "experiment=rubricem_tiny") for a in FAST]
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    cmd = [sys.executable, "src/train.py", *fast, "rollout=scripted", "solver.num_rollouts=3", "trainer.max_steps=2",
-           "solver.max_response_tokens=300", "evaluator.max_response_tokens=500", f"paths.output_dir={out}"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train([*fast, "rollout=scripted", "solver.num_rollouts=3", "trainer.max_steps=2", "solver.max_response_tokens=300",
+           "evaluator.max_response_tokens=500", f"paths.output_dir={out}"])
     s = read_scalars(out / "tensorboard")
     for stage in ("plan", "research", "review", "answer"):
         assert [v for _, v in s[f"stage/{stage}_present"]] == [1.0, 1.0], stage

@@ -11,15 +11,12 @@ presets on the CLI (issue 19).
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 
 import lightning as L
 import pytest
 import torch
 
-from helpers import FAST, ROOT, compose, read_scalars
+from helpers import FAST, compose, read_scalars, train
 from score_lightning.retrieval.base import SearchHit
 from score_lightning.methods.mams.prompts import parse_state
 from score_lightning.rollout.scripted import ScriptedEngine, ScriptRequest
@@ -227,15 +224,12 @@ def test_a_neutral_group_gets_no_step_or_stage_credit(workflow, tmp_path, tiny_c
     ("mams_tiny", ("rollout/mams_turns_mean", "rollout/memory_tokens_mean", "rollout/context_tokens_max")),
     ("arco_tiny", ("solver/step_reward_mean", "solver/step_adv_abs_mean", "evaluator/step_rubric_valid_rate")),
 ])
-def test_workflow_presets_run_three_steps_on_the_cli(experiment, tags, tmp_path, tiny_ckpt):
+def test_workflow_presets_run_three_steps(experiment, tags, tmp_path, tiny_ckpt):
     out = tmp_path / experiment
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     fast = [o for o in FAST if not o.startswith("experiment=")]
-    cmd = [sys.executable, "src/train.py", f"experiment={experiment}", *fast, "rollout=scripted", "solver.num_rollouts=3",
-           "trainer.max_steps=3", "solver.max_response_tokens=200", "evaluator.max_response_tokens=500",
-           "evaluator.max_rubric_tokens=160", f"paths.output_dir={out}"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train([f"experiment={experiment}", *fast, "rollout=scripted", "solver.num_rollouts=3", "trainer.max_steps=3",
+           "solver.max_response_tokens=200", "evaluator.max_response_tokens=500", "evaluator.max_rubric_tokens=160",
+           f"paths.output_dir={out}"])
     scalars = read_scalars(out / "tensorboard")
     for key in ("solver/reward_mean", "solver/entropy", "evaluator/rubric_valid_rate", *tags):
         values = [v for _, v in scalars[key]]
