@@ -14,6 +14,9 @@ CASES = {
     "wrong type": (["solver.num_rollouts=four"], ["solver.num_rollouts=four: allowed an integer"]),
     "out of its set": (["evaluator.scoring=listwise"],
                        ["evaluator.scoring='listwise': allowed one of: joint, pointwise"]),
+    "not a registered name": (["optim.loss_type=ppo"],  # a registry's set, read from the declared names, no torch
+                              ["optim.loss_type='ppo': allowed bnpo, cispo, dapo, dr_grpo, grpo, grpo_seq_mean, gspo "
+                               "(a method declares its names in its config.py, NAMES)"]),
     "out of its range": (["evaluator.ema_beta=1.5"], ["evaluator.ema_beta=1.5: allowed a number >= 0 and < 1"]),
     "unknown key": (["solver.num_rollout=4"], ["solver.num_rollout: unknown key; did you mean `solver.num_rollouts`?"]),
     "unknown key with +": (["+solver.num_rollout=4"],

@@ -82,8 +82,8 @@ def unknown_key_line(key: str, known: list[str]) -> str:
 
 def registry_problem(path: str, value: Any, meta: dict, names: Mapping[str, Iterable[str]] | None,
                      live: Callable[[str], list[str]] | None) -> str | None:
-    """A registry-backed field: the core's names, the methods' declared ones, else the live registry (a user's own
-    plug-in registers there: the import is paid only for a name nobody declared)."""
+    """A registry-backed field: the core's names, the methods' declared ones, else, with ``live``, the registry itself
+    (a plug-in registered in this process: the import is paid only for a name nobody declared)."""
     known = set(meta["registry"]) | set((names or {}).get(path, ()))
     if value in known:
         return None
@@ -92,7 +92,8 @@ def registry_problem(path: str, value: Any, meta: dict, names: Mapping[str, Iter
         if value in known:
             return None
     what = f"one of the registered {meta['registered']}: " if meta.get("registered") else ""
-    return f"{path}={value!r}: allowed {what}{', '.join(sorted(known))}"
+    line = f"{path}={value!r}: allowed {what}{', '.join(sorted(known))}"
+    return line if live is not None else line + " (a method declares its names in its config.py, NAMES)"
 
 
 def schema_problems(cfg: DictConfig, names: Mapping[str, Iterable[str]] | None = None,

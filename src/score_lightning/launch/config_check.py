@@ -86,8 +86,8 @@ def command_line_problems(overrides: list[str], config_dir: Path | None = None) 
 
 def check_command_line(overrides: list[str]) -> None:
     """Raise :class:`ConfigError` listing every problem of the command line: its overrides, the schema's checks and
-    the rules across keys, in one block. None of them loads torch (a registered name nobody declared does: the
-    registry is asked), so a refusal takes about as long as Python and Hydra take to start."""
+    the rules across keys, in one block. None of them loads torch (a registry-backed name is checked against the
+    names the core and the methods declare), so a refusal takes about as long as Python and Hydra take to start."""
     from score_lightning.errors import ConfigError
     from score_lightning.launch.config_validation import validate_config
 
@@ -106,7 +106,7 @@ def check_command_line(overrides: list[str]) -> None:
                             "instead")
     if cfg is not None:
         try:
-            validate_config(cfg)
+            validate_config(cfg, ask_registries=False)
         except ConfigError as exc:
             problems += [line[4:] for line in str(exc).splitlines()[1:] if line.startswith("  - ")]
     if problems:

@@ -25,11 +25,15 @@ __all__ = ["ConfigError", "LOW_PRECISION_MAX_LR", "data_parallel_processes", "da
            "pretrained_model", "sft_enabled", "validate_config"]
 
 
-def validate_config(cfg: DictConfig) -> None:
-    """Raise :class:`ConfigError` listing every bad value (all of them, not just the first)."""
-    checks = Checks(cfg)
+def validate_config(cfg: DictConfig, ask_registries: bool = True) -> None:
+    """Raise :class:`ConfigError` listing every bad value (all of them, not just the first).
+
+    ``ask_registries=False`` (the command line, before torch loads): a registry-backed name is checked against the
+    names the core and the methods declare, never by importing the registry, so a typo is refused in about half a
+    second; the command line reaches only the methods' plug-ins, and each declares what it registers."""
+    checks = Checks(cfg, live_names if ask_registries else None)
     # unknown keys, ranges, allowed sets and registered names: the schema states them (launch/schema.py)
-    checks.errors.extend(schema_problems(cfg, declared_names(), live_names))
+    checks.errors.extend(schema_problems(cfg, declared_names(), checks.live))
     for group in (check_run, check_solver, check_evaluator, check_reward, check_update, check_model, check_async,
                   check_judge):
         group(checks)

@@ -6,7 +6,7 @@ import logging
 
 from score_lightning.launch.config_validation.values import Checks, integer, one_of
 from score_lightning.launch.config_validation.topology import data_parallel_size
-from score_lightning.launch.schema import known_names, live_names, method_checks
+from score_lightning.launch.schema import known_names, method_checks
 from score_lightning.step.correction_modes import MODES, resolve_mode
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ def check_solver_objective(c: Checks) -> None:
     declared = method_checks().get(("solver.objective", name))
     if declared is not None:
         c.errors.extend(declared(c.cfg))
-    elif name not in known_names("solver.objective") and name in live_names("solver.objective"):
+    elif c.live is not None and name not in known_names("solver.objective") and name in c.live("solver.objective"):
         from score_lightning.step.solver_objective import SOLVER_OBJECTIVES
 
         c.errors.extend(SOLVER_OBJECTIVES.get(name).check(c.cfg))
@@ -42,14 +42,14 @@ def check_loss_variants(c: Checks) -> None:
     """Where ``optim.loss_type`` and its companions do not apply (the names themselves are the schema's: a
     registered plug-in is allowed and listed)."""
     loss_type = c.get("optim.loss_type")
-    if c.get("solver.agent") != "mams" or loss_type not in live_names("optim.loss_type"):
+    if c.get("solver.agent") != "mams" or loss_type not in c.registered("optim.loss_type"):
         per_row = []
     else:  # the losses' normalisers say which count sequences (a rule only MaMs meets: the registry is asked then)
         from score_lightning.step.loss_registry import POLICY_LOSSES
 
         per_row = [n for n, e in POLICY_LOSSES.items() if e.normaliser.counts_sequences]  # gspo, grpo_seq_mean
     if loss_type in per_row:
-        per_token = ", ".join(n for n in live_names("optim.loss_type") if n not in per_row)
+        per_token = ", ".join(n for n in POLICY_LOSSES.names() if n not in per_row)
         c.add(f"optim.loss_type={loss_type} with solver.agent=mams: it divides each sequence by its own length (gspo "
               "also takes its ratio and clip per sequence), and a MaMs trajectory is trained as one row per role "
               f"call, so its sequence would be one role call; set optim.loss_type to one of {per_token} (dr_grpo's "

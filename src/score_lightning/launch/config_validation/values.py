@@ -14,8 +14,14 @@ Predicate = Callable[[Any], bool]
 class Checks:
     """The errors found in one config so far; every group appends to the same list, so a user sees all of them."""
 
-    def __init__(self, cfg: DictConfig):
-        self.cfg, self.errors = cfg, []
+    def __init__(self, cfg: DictConfig, live: Callable[[str], list[str]] | None = None):
+        self.cfg, self.errors, self.live = cfg, [], live
+
+    def registered(self, key: str) -> set[str]:
+        """The names a registry-backed ``key`` may take: the registry's own with ``live``, else the declared ones."""
+        from score_lightning.launch.schema import known_names
+
+        return set(self.live(key)) if self.live is not None else known_names(key)
 
     def get(self, key: str) -> Any:
         """``key``'s value, None where an open node lacks it (a callback removed, another option's key): no default
