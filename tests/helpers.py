@@ -28,6 +28,16 @@ FAST = [
 ]
 
 
+def plain_grpo(**changes) -> dict:
+    """GRPOSettings' switches as a hand-computed update test wants them, off unless ``changes`` says (the settings
+    have no defaults of their own: a run's come from its config): no shared-prompt forward, no engine-trainer
+    correction, the token-mean ``grpo`` loss, group scaling, no length cap, no masking, no overlong shaping."""
+    from score_lightning.step.rollout_correction import RolloutCorrection
+
+    return {"share_prompt": False, "correction": RolloutCorrection(), "loss_type": "grpo", "scale_rewards": "group",
+            "max_response_tokens": 0, "mask_truncated": False, "overlong": None, **changes}
+
+
 def compose(overrides: list[str]) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from helpers import FAST, compose
+from helpers import FAST, compose, plain_grpo
 from score_lightning.roles.answer import parse_answer
 from score_lightning.rollout.scripted import ScriptedEngine, ScriptRequest
 
@@ -200,7 +200,7 @@ def test_dropped_rows_count_nowhere_in_the_token_mean():
 
     lm = LM()
     trajs = [Trajectory([1, 2], [3 + k, 4, 5 + k], [1, 1, 1]) for k in range(4)]
-    settings = GRPOSettings(4, 1.0, 1, 4, 1, 0.2, 0.2, 0.0, 10.0, 0.0, 1e-6)
+    settings = GRPOSettings(4, 1.0, 1, 4, 1, 0.2, 0.2, 0.0, 10.0, 0.0, 1e-6, **plain_grpo())
     grads = []
     hooks = OptimizerHooks(lambda loss: grads.append(torch.autograd.grad(loss, list(lm.parameters()))),
                            lambda: (0.0, True), torch.device("cpu"))

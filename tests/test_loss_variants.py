@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-from helpers import ROOT, compose, read_scalars, refusal
+from helpers import ROOT, compose, plain_grpo, read_scalars, refusal
 from score_lightning.registry import Registry
 from score_lightning.step.loss_registry import (NORMALISERS, POLICY_LOSSES, REWARD_SCALINGS, PolicyLoss, loss_scale,
                                                 policy_loss, scaled_advantages)
@@ -288,8 +288,8 @@ def _update(loss_type: str, trajs, rewards, k: int = 4, **extra):
     from score_lightning.step.solver_update import GRPOSettings, OptimizerHooks, solver_update
 
     lm = _LM()
-    settings = GRPOSettings(k, 1.0, 1, 2, 1, 0.2, 0.2, 0.0, 10.0, 0.0, 1e-6, loss_type=loss_type,
-                            **{"max_response_tokens": 8, **extra})
+    settings = GRPOSettings(k, 1.0, 1, 2, 1, 0.2, 0.2, 0.0, 10.0, 0.0, 1e-6,
+                            **plain_grpo(loss_type=loss_type, **{"max_response_tokens": 8, **extra}))
     grads, steps = [], []
 
     def backward(loss):

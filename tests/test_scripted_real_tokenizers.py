@@ -34,7 +34,9 @@ SETTINGS = RolloutSettings(
     num_rollouts=K, max_prompt_tokens=4096,
     solver=AgentConfig(max_tool_calls=2, max_response_tokens=2048, max_observation_tokens=512, finish_tag=P.ANSWER_CLOSE),
     scoring=AgentConfig(max_tool_calls=1, max_response_tokens=2048, max_observation_tokens=512, finish_tag=P.EVALS_CLOSE),
-    max_report_tokens=1024)
+    max_report_tokens=1024, conclusion_line=True, agent="react", options=None, constrained_scoring=False,
+    constrained_max_chars=None, scoring_protocol="joint", show_retrieved=False, scoring_max_prompt_tokens=None,
+    score_readout="sampled", show_passages=False, passage_tokens=48, max_cited_passages=4)
 # the reward, evaluator and verifier nodes as the step reads them (a required citation, joint scoring, tau 1)
 REWARD = OmegaConf.create({"require_citation": True, "min_answer_chars": 20, "citations": "any"})
 EVALUATOR = OmegaConf.create({"source": "policy", "scoring": "joint", "score_readout": "sampled",

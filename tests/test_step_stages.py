@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from helpers import FAST, compose
+from helpers import FAST, compose, plain_grpo
 from score_lightning import protocol as P
 from score_lightning.harness.state import HarnessState
 from score_lightning.step.losses import grpo_token_loss
@@ -126,7 +126,7 @@ def test_valid_conclusion_groups_keep_only_valid_reports():
 
 
 def test_global_mini_batches_are_strided_and_rank_invariant():
-    s = GRPOSettings(2, 1.0, 2, 4, 1, 0.2, 0.2, 0.0, 10.0, 0.0, 1e-6)
+    s = GRPOSettings(2, 1.0, 2, 4, 1, 0.2, 0.2, 0.0, 10.0, 0.0, 1e-6, **plain_grpo())
     one = s.mini_batches(4, world=1)  # queries 0..3 -> mini-batches {0, 2} and {1, 3}
     assert one == [[0, 1, 4, 5], [2, 3, 6, 7]]
     # two ranks, each with 2 of the 4 queries: rank r's local query i is global query 2r + i
@@ -135,7 +135,7 @@ def test_global_mini_batches_are_strided_and_rank_invariant():
     glob = [sorted({2 * r + row // 2 for r in (0, 1) for row in rows}) for rows in two]
     assert glob == [[0, 2], [1, 3]] == [sorted({row // 2 for row in rows}) for rows in one]
     with pytest.raises(ValueError, match="divisible"):
-        GRPOSettings(2, 1.0, 3, 4, 1, 0.2, 0.2, 0.0, 10.0, 0.0, 1e-6).mini_batches(3, world=2)
+        GRPOSettings(2, 1.0, 3, 4, 1, 0.2, 0.2, 0.0, 10.0, 0.0, 1e-6, **plain_grpo()).mini_batches(3, world=2)
 
 
 def test_kl_clamp_reaches_the_solver_loss():

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from helpers import compose
+from helpers import compose, plain_grpo
 from score_lightning.step.batching import build_token_batch, policy_logprobs
 from score_lightning.launch.config_validation import ConfigError, validate_config
 from score_lightning.policy.top_layers import TopLayersReference, train_top_layers
@@ -103,7 +103,7 @@ def _update(reuse: bool, share_prompt: bool):
         for n in (5, 3):
             resp = torch.randint(3, 200, (n,), generator=g).tolist()
             trajs.append(Trajectory(prompt, resp, [1] * n))
-    settings = GRPOSettings(2, 1.0, 2, 2, 1, 0.2, 0.28, 0.05, 10.0, 0.0, 1e-6, share_prompt)
+    settings = GRPOSettings(2, 1.0, 2, 2, 1, 0.2, 0.28, 0.05, 10.0, 0.0, 1e-6, **plain_grpo(share_prompt=share_prompt))
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
 
     def step():

@@ -40,7 +40,7 @@ class ReinforceSettings:
     alpha: float  # the loss's factor: 1 when alpha is the evaluator's lr ratio (optimizers.loss_alpha)
     kl_coef: float
     kl_clamp: float
-    correction: RolloutCorrection = RolloutCorrection()  # optim.rollout_correction, as for the solver
+    correction: RolloutCorrection  # optim.rollout_correction, as for the solver
 
 
 def reinforce_settings(evaluator: "EvaluatorConfig", loss: "LossConfig", actor: "ActorConfig",

@@ -42,18 +42,18 @@ class RolloutSettings:
     solver: AgentConfig
     scoring: AgentConfig
     max_report_tokens: int  # each report is cut to this many tokens inside the scoring prompt
-    conclusion_line: bool = True  # ask the solver to end with "Conclusion: ..."
-    agent: str = "react"  # solver.agent: the registered workflow (rollout/workflows.py): react | mams | rubricem
-    options: Any = None  # that workflow's own budgets (SolverWorkflow.options_from_solver; mams: solver.mams.*)
-    constrained_scoring: bool = False  # evaluator.constrained_scoring: scoring turns held to the rubric's XML
-    constrained_max_chars: dict | None = None  # evaluator.constrained_max_chars: caps of its free-text fields
-    scoring_protocol: str = "joint"  # evaluator.scoring: joint (one evaluation of all K) | pointwise (one per report)
-    show_retrieved: bool = False  # evaluator.show_retrieved: each report shown with the ids its searches returned
-    scoring_max_prompt_tokens: int | None = None  # evaluator.max_prompt_tokens (None: max_prompt_tokens)
-    score_readout: str = "sampled"  # evaluator.score_readout: sampled (the written value) | expected (E[value])
-    show_passages: bool = False  # evaluator.show_passages: each report shown with the passages it cites
-    passage_tokens: int = 48  # evaluator.passage_tokens: each cited passage cut to this many tokens
-    max_cited_passages: int = 4  # evaluator.max_cited_passages: at most this many per report (first cited first)
+    conclusion_line: bool  # solver.conclusion_line: ask the solver to end with "Conclusion: ..."
+    agent: str  # solver.agent: the registered workflow (rollout/workflows.py): react | mams | rubricem
+    options: Any  # that workflow's own budgets (SolverWorkflow.options_from_solver; mams: solver.mams.*), or None
+    constrained_scoring: bool  # evaluator.constrained_scoring: scoring turns held to the rubric's XML
+    constrained_max_chars: dict | None  # evaluator.constrained_max_chars: caps of its free-text fields
+    scoring_protocol: str  # evaluator.scoring: joint (one evaluation of all K) | pointwise (one per report)
+    show_retrieved: bool  # evaluator.show_retrieved: each report shown with the ids its searches returned
+    scoring_max_prompt_tokens: int | None  # evaluator.max_prompt_tokens (None: max_prompt_tokens)
+    score_readout: str  # evaluator.score_readout: sampled (the written value) | expected (E[value])
+    show_passages: bool  # evaluator.show_passages: each report shown with the passages it cites
+    passage_tokens: int  # evaluator.passage_tokens: each cited passage cut to this many tokens
+    max_cited_passages: int  # evaluator.max_cited_passages: at most this many per report (first cited first)
 
 
 def rollout_settings(solver: "SolverConfig", evaluator: "EvaluatorConfig") -> RolloutSettings:

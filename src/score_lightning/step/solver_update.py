@@ -59,13 +59,13 @@ class GRPOSettings:
     kl_clamp: float
     entropy_coef: float
     adv_eps: float
-    share_prompt: bool = False  # one packed forward per prompt group (optim.share_prompt_forward)
-    correction: RolloutCorrection = RolloutCorrection()  # optim.rollout_correction (engine-trainer IS weights)
-    loss_type: str = "grpo"  # optim.loss_type (step/loss_registry.py)
-    scale_rewards: str = "group"  # optim.scale_rewards: group | batch | none
-    max_response_tokens: int = 0  # a trajectory's most response tokens: dr_grpo's constant, reward.overlong's cap
-    mask_truncated: bool = False  # solver.mask_truncated
-    overlong: "OverlongShaping | None" = None  # reward.overlong (None: off)
+    share_prompt: bool  # one packed forward per prompt group (optim.share_prompt_forward)
+    correction: RolloutCorrection  # optim.rollout_correction (engine-trainer IS weights)
+    loss_type: str  # optim.loss_type (step/loss_registry.py)
+    scale_rewards: str  # optim.scale_rewards: group | batch | none
+    max_response_tokens: int  # a trajectory's most response tokens: dr_grpo's constant, reward.overlong's cap
+    mask_truncated: bool  # solver.mask_truncated
+    overlong: "OverlongShaping | None"  # reward.overlong (None: off)
 
     def mini_batches(self, num_queries: int, world: int) -> list[list[int]]:
         """This rank's trajectory rows of each optimiser step.

@@ -51,13 +51,13 @@ STEP_MODES = ("none", "rubric")
 class StepRewardSettings:
     """``reward.step*`` (and the evaluator's sampling settings the judgements use)."""
 
-    mode: str = "none"
-    lam: float = 0.5
-    max_tokens: int = 96
-    invalid_reward: float = -1.0
-    temperature: float = 0.8
-    max_prompt_tokens: int = 1024
-    eps: float = 1e-6
+    mode: str  # reward.step
+    lam: float  # reward.step_lambda
+    max_tokens: int  # reward.step_max_tokens
+    invalid_reward: float  # reward.step_invalid_reward
+    temperature: float  # evaluator.temperature
+    max_prompt_tokens: int  # solver.max_prompt_tokens
+    eps: float  # loss.adv_eps
 
 
 def step_reward_settings(reward: "RewardConfig", evaluator: "EvaluatorConfig", solver: "SolverConfig",

@@ -58,14 +58,14 @@ def stage_bonuses(spans: Mapping[str, tuple[int, int]], advantages: Mapping[str,
 class StageCreditSettings:
     """``reward.step=stage``: λ (``reward.step_lambda``), the judge's budget and sampling (the evaluator's)."""
 
-    lam: float = 0.5
-    max_tokens: int = 96
-    temperature: float = 0.8
-    max_prompt_tokens: int = 1024
-    max_stage_chars: int = 600  # each stage's text in the judge's prompt
-    eps: float = 1e-6
-    reflection: bool = False  # solver.rubricem.reflection: keep guidance per query for its later prompts
-    max_guidance_chars: int = 400
+    lam: float  # reward.step_lambda
+    max_tokens: int  # reward.step_max_tokens
+    temperature: float  # evaluator.temperature
+    max_prompt_tokens: int  # evaluator.max_prompt_tokens
+    eps: float  # loss.adv_eps
+    reflection: bool  # solver.rubricem.reflection: keep guidance per query for its later prompts
+    max_guidance_chars: int  # solver.rubricem.max_guidance_chars
+    max_stage_chars: int = 600  # each stage's text in the judge's prompt (not a config key)
 
 
 def stage_credit_settings(reward: "RewardConfig", solver: "SolverConfig", evaluator: "EvaluatorConfig",
