@@ -2,7 +2,7 @@
 
 Each field states its type and what it allows; its default and its explanation are in the YAML beside the key
 (``configs/train.yaml`` and the group's files). A field that mixes types (``threads.num``: ``auto`` or an integer)
-is ``Any`` here and judged by the cross-key rules (:mod:`score_lightning.launch.config_validation`).
+is ``Any`` here and judged by the cross-key rules (``launch/config_validation/``, the layer above that composes a run).
 """
 
 from dataclasses import dataclass

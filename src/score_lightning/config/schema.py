@@ -1,6 +1,6 @@
 """The core's schema classes in one place, for type hints (``if TYPE_CHECKING: from score_lightning.config.schema
 import OptimConfig``). The run's root class, with each method's nodes joined in, is built by
-:func:`score_lightning.launch.schema.build_schema`."""
+``build_schema`` in ``launch/schema.py``, the layer above that composes a run."""
 
 from score_lightning.config.option_groups import (DDPStrategyConfig, FSDPStrategyConfig, HFRolloutConfig, HttpRetrieverConfig, McpRetrieverConfig,
                                                   RetrieverConfig, RolloutConfig, RubricConfig, ScoreRubricsConfig,

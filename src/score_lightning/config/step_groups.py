@@ -2,7 +2,7 @@
 
 Each field states its type and what it allows; its default and its explanation are in ``configs/train.yaml``
 beside the key. A method's own node (``solver.mams``, ``solver.dpo``, ``evaluator.preference``, ...) is declared in
-the method's folder and joined to these classes by :mod:`score_lightning.launch.schema` (the core names no method).
+the method's folder and joined to these classes by ``launch/schema.py`` (the core names no method).
 Choices that plug-ins extend (``solver.agent``, ``optim.loss_type``, ``evaluator.reward``, ...) are checked against
 their registries by the cross-key rules, not listed here.
 """
