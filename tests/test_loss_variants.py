@@ -289,7 +289,7 @@ def _update(loss_type: str, trajs, rewards, k: int = 4, **extra):
 
     lm = _LM()
     settings = GRPOSettings(k, 1.0, 1, 2, 1, 0.2, 0.2, 0.0, 10.0, 0.0, 1e-6,
-                            **plain_grpo(loss_type=loss_type, **{"max_response_tokens": 8, **extra}))
+                            **plain_grpo(**{"loss_type": loss_type, "max_response_tokens": 8, **extra}))
     grads, steps = [], []
 
     def backward(loss):

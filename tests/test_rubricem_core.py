@@ -3,6 +3,7 @@ per-stage advantages and token bonuses."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -149,10 +150,11 @@ def test_the_reflection_memory_resumes_and_writes_the_best_plan_and_the_weakest_
     assert reflection(texts, scores, [0.4, 0.2, 0.9], 400) == \
         "A plan that earned the best reward: A Weakest stage last time: research."
     assert reflection(["<answer>z</answer>"], [None], [1.0], 400) == ""
-    stage = StageCreditStage(StageCreditSettings(0.5, 96, 0.8, 1024, 1e-6, reflection=True, max_guidance_chars=400))
+    on = StageCreditSettings(0.5, 96, 0.8, 1024, 1e-6, reflection=True, max_guidance_chars=400)
+    stage = StageCreditStage(on)
     stage.memory = {"q1": "guidance"}
-    copy = StageCreditStage(StageCreditSettings(0.5, 96, 0.8, 1024, 1e-6, reflection=True, max_guidance_chars=400))
+    copy = StageCreditStage(on)
     copy.load_state_dict(json.loads(json.dumps(stage.state_dict())))
     assert copy.memory == {"q1": "guidance"} and copy.guidance(["q1", "q2"]) == ["guidance", ""]
-    off = StageCreditSettings(0.5, 96, 0.8, 1024, 1e-6, reflection=False, max_guidance_chars=400)
+    off = dataclasses.replace(on, reflection=False)
     assert StageCreditStage(off).guidance(["q1"]) is None  # off: no guidance at all
