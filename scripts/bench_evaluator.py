@@ -134,7 +134,7 @@ def _queries(cfg, limit: int, split: str = "heldout") -> list[tuple[str, str]]:
 
 def _items(cfg, queries):
     """The evidence items of each held-out query (matched by id and prompt), and the items file's digest."""
-    from score_lightning.items.format import EMBEDDED_ITEMS_PATH, file_digest, load_items
+    from score_lightning.data.items import EMBEDDED_ITEMS_PATH, file_digest, load_items
 
     path = cfg.reward.get("items_path") or EMBEDDED_ITEMS_PATH
     by_id = load_items(path)

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from score_lightning.items.format import EMBEDDED_ITEMS_PATH, file_digest, load_items, text_digest  # noqa: E402
+from score_lightning.data.items import EMBEDDED_ITEMS_PATH, file_digest, load_items, text_digest  # noqa: E402
 from score_lightning.methods.preference.pairs import build_pairs, pairs_text  # noqa: E402
 
 DEFAULT_OUT = EMBEDDED_ITEMS_PATH.with_name("preferences.jsonl")

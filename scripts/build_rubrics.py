@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from score_lightning.data.corpus import STDLIB_CORPUS_VERSION, default_corpus_path, load_corpus  # noqa: E402
 from score_lightning.data.queries import EMBEDDED_QUERIES_PATH, load_queries  # noqa: E402
 from score_lightning.items.build import BuildSettings, build_items, manifest  # noqa: E402
-from score_lightning.items.format import (  # noqa: E402
+from score_lightning.data.items import (  # noqa: E402
     EMBEDDED_ITEMS_MANIFEST, EMBEDDED_ITEMS_PATH, file_digest, items_lines, text_digest)
 
 

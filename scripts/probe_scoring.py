@@ -160,7 +160,7 @@ def main() -> int:
         if kind == "coverage" else [[] for _ in group_queries]  # D_q^0: the query's top BM25 passages
     items_of = {}
     if kind == "item_recall":  # the query's evidence items (reward.items_path), found by prompt
-        from score_lightning.items.format import load_items
+        from score_lightning.data.items import load_items
 
         items_of = {e.prompt: e.items for e in load_items(cfg.reward.get("items_path")).values()}
     quality = [rule_quality(kind, a.cited_ids, t.retrieved_ids, tops[i // K], report=a.answer or "",

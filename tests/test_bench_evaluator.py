@@ -21,7 +21,7 @@ from score_lightning.evaluation.pair_scoring import judge_scores
 from score_lightning.evaluation.pair_set import PairSetError, manifest_path, pairs_text, read_pair_set, write_pair_set
 from score_lightning.clients.chat import ChatClient
 from score_lightning.harness.state import HarnessState
-from score_lightning.items.format import EvidenceItem
+from score_lightning.data.items import EvidenceItem
 from score_lightning.rewards.items import item_recall
 from score_lightning.roles.rubric import fallback_rubric
 

@@ -141,7 +141,7 @@ def test_card_cli_baseline_prints_differences_and_exits_2_on_other_settings(tmp_
 def test_item_recall_by_hand_and_cards_on_other_item_sets_are_refused(tmp_path):
     """item_recall: per sample the share of the query's items satisfied (0 unless grounded-valid), the query's
     mean over samples; queries without items (or with another prompt) have none; another item set is refused."""
-    from score_lightning.items.format import EvidenceItem, QueryItems
+    from score_lightning.data.items import EvidenceItem, QueryItems
 
     items = {"1": QueryItems("1", "q1", [EvidenceItem("a", ("t0",), ("alpha",)), EvidenceItem("b", ("t1",), ("beta",))]),
              "2": QueryItems("2", "another prompt", [EvidenceItem("a", ("t0",), ())])}
@@ -167,7 +167,7 @@ def test_item_recall_by_hand_and_cards_on_other_item_sets_are_refused(tmp_path):
 
 
 def test_card_cli_scores_item_recall_on_the_embedded_items(tmp_path, corpus_file, cache_dir):
-    from score_lightning.items.format import EMBEDDED_ITEMS_PATH, file_digest, load_items
+    from score_lightning.data.items import EMBEDDED_ITEMS_PATH, file_digest, load_items
 
     entry = load_items()["q003"]
     it = entry.items[0]

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from score_lightning.data.corpus import DataFormatError
-from score_lightning.items.format import (
+from score_lightning.data.items import (
     EMBEDDED_ITEMS_MANIFEST, EMBEDDED_ITEMS_PATH, EvidenceItem, QueryItems, file_digest, items_lines, load_items,
     text_digest)
 from score_lightning.rewards.items import item_check, item_recall, item_satisfied, satisfied_items

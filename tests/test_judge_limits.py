@@ -20,7 +20,8 @@ from helpers import ROOT
 from openai_stub import OpenAIStub, Reply
 from score_lightning.clients import limiter as L
 from score_lightning.clients.chat import ChatClient
-from score_lightning.clients.judge import JudgeTally, LLMJudge
+from score_lightning.clients.judge import JudgeTally
+from score_lightning.methods.judge.client import LLMJudge
 from score_lightning.clients.limiter import Limiter
 
 
@@ -314,7 +315,7 @@ def test_the_run_limits_are_split_among_the_processes_that_call():
 def test_each_process_configures_its_share_of_the_run_limits(monkeypatch, mode, rank, world, worker, expect):
     from omegaconf import OmegaConf
 
-    from score_lightning.step.judge_scoring import configure_limits
+    from score_lightning.clients.limiter import configure_limits
 
     shared = Limiter(max_concurrency=8)
     monkeypatch.setattr(L, "_SHARED", shared)
@@ -329,7 +330,7 @@ def test_a_share_raised_to_one_is_said_at_the_first_call_only(monkeypatch, caplo
     gets 1, and the first call of a process that does call says the run may exceed the limit, once."""
     from omegaconf import OmegaConf
 
-    from score_lightning.step.judge_scoring import configure_limits
+    from score_lightning.clients.limiter import configure_limits
 
     shared = Limiter(max_concurrency=8)
     monkeypatch.setattr(L, "_SHARED", shared)

@@ -10,7 +10,7 @@ import sys
 from collections import defaultdict
 
 from helpers import FAST, ROOT, read_scalars, train
-from score_lightning.items.format import EMBEDDED_ITEMS_PATH, load_items, text_digest
+from score_lightning.data.items import EMBEDDED_ITEMS_PATH, load_items, text_digest
 from score_lightning.rewards.citations import cited_ids
 from score_lightning.rewards.items import item_recall
 from score_lightning.methods.preference.reward import load_preferences

@@ -71,7 +71,7 @@ def test_the_rule_source_refuses_what_needs_an_evaluation():
 
 
 def test_item_recall_quality_by_hand():
-    from score_lightning.items.format import EvidenceItem
+    from score_lightning.data.items import EvidenceItem
 
     items = [EvidenceItem("a", ("d1",), ("alpha",)), EvidenceItem("b", ("d2",), ("beta",)),
              EvidenceItem("c", ("d3",), ())]
@@ -85,7 +85,7 @@ def test_a_rule_step_rewards_item_recall(tmp_path, tiny_ckpt, corpus_file, bm25)
     """reward.rule_quality=item_recall in a real step: R = a(r)(1 + share of the query's items satisfied), with an
     items file whose two items per query both cite whatever the scripted search returns, one of them stated."""
     from score_lightning.data.queries import load_queries
-    from score_lightning.items.format import EvidenceItem, QueryItems, items_lines
+    from score_lightning.data.items import EvidenceItem, QueryItems, items_lines
     from test_grounded_rewards import NEVER_RETRIEVED, _run, _solver
 
     entries = []
@@ -110,7 +110,7 @@ def test_a_rule_step_rewards_item_recall(tmp_path, tiny_ckpt, corpus_file, bm25)
 
 def test_item_recall_needs_items_for_every_training_query(tmp_path):
     from helpers import compose
-    from score_lightning.items.format import EvidenceItem, QueryItems, items_lines
+    from score_lightning.data.items import EvidenceItem, QueryItems, items_lines
     from score_lightning.launch.config_validation import ConfigError, validate_config
 
     validate_config(compose(["experiment=rule_tiny", "reward.rule_quality=item_recall"]))  # the embedded items

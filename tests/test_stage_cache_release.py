@@ -18,6 +18,7 @@ from score_lightning.rollout.kv_cache import PrefixStore
 from score_lightning.sft.asset import ASSETS
 from score_lightning.generation import generator as generation
 from score_lightning.generation.generator import Generator, RunAccess
+from score_lightning.step import scoring_sources
 from score_lightning.step.types import StepRubric
 
 QUERY = "How does the json module encode Python objects?"
@@ -90,9 +91,9 @@ def test_each_generating_stage_starts_with_empty_stores(monkeypatch):
     answers = [SimpleNamespace(answer="A report [json].")] * 2
     monkeypatch.setattr(generation, "initial_evidence", lambda *a: ([[]], []))
     monkeypatch.setattr(generation, "solver_rollouts", solver)
-    monkeypatch.setattr(generation, "scoring_rollouts", scoring)
+    monkeypatch.setattr(scoring_sources, "scoring_rollouts", scoring)
     monkeypatch.setattr(generation, "parse_answers", lambda *a: answers)
-    monkeypatch.setattr(generation, "assemble_rewards", lambda *a: "rewards")
+    monkeypatch.setattr(scoring_sources, "assemble_rewards", lambda *a: "rewards")
     cfg = SimpleNamespace(solver=SimpleNamespace(topk=2, num_rollouts=2), verifier=None,
                           reward=SimpleNamespace(source="evaluator", citation_judge=SimpleNamespace(enabled=False)),
                           evaluator=SimpleNamespace(max_prompt_tokens=1024, temperature=1.0, source="policy"))

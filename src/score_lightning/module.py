@@ -32,13 +32,12 @@ from score_lightning.step.objectives import (
     EVALUATOR_REWARDS, build_objectives, fold_objectives, measured_value, trains_step_rubric,
 )
 from score_lightning.rollout.modes import asynchronous, stale_rollouts
-from score_lightning.step.citation_reward import observed_passages
+from score_lightning.rollout.search_steps import observed_passages
 from score_lightning.step.dynamic_sampling import EXTRA_STREAM_SEED
-from score_lightning.step.faults import FaultMonitor
+from score_lightning.step.faults import FaultMonitor, check_judgements
 from score_lightning.step.record import record_step
 from score_lightning.step.report import StepClock, StepOutcome
 from score_lightning.generation.generator import GeneratorHost, RunAccess, build_generator, stamp_policy_version
-from score_lightning.step.judge_scoring import check_judgements, uses_judge
 from score_lightning.step.judged_rows import judged_view
 from score_lightning.generation.prefetch import RolloutPrefetcher, record_async
 from score_lightning.step.reward_assembly import StepRewards
@@ -114,7 +113,7 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GeneratorHost, Ligh
         # too many failed judgements stop the run here, before any update
         judged = (check_judgements(rewards.judge, float(cfg.judge.max_failed_rate),
                                    cfg.callbacks.model_checkpoint.dirpath)
-                  if uses_judge(cfg.evaluator, cfg.reward) else {})
+                  if self.generator.calls_judge else {})
         view = StepView(self, rollouts, rewards, scalars, self.K, self.score_step)
         bonus = merged_bonuses([objective.judge(view) for objective in self.objectives])  # step credit, scoring reward
         clock.lap("scoring")

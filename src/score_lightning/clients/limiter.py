@@ -159,3 +159,22 @@ def process_share(total: int, index: int, processes: int) -> int:
     if total <= 0:
         return 0
     return max(1, total // processes + (1 if index < total % processes else 0))
+
+
+def configure_limits(judge, rollout, rank: int, world_size: int, worker: bool = False) -> None:
+    """This process's limits on every external chat call (judge, meta-harness, rubric writer, appraisal): its
+    share of the run's ``judge.max_concurrency`` and ``judge.requests_per_minute``, split among the processes
+    that make calls (the ``world_size`` training processes, and the rollout worker under ``rollout.mode=async``,
+    which counts after them), so that the endpoint sees the run's limits with no traffic between processes. A
+    process calls it before its first request. ``judge`` and ``rollout`` are the run's nodes of those names (this
+    package, below the config schema, reads them by attribute)."""
+    processes = int(world_size) + (1 if str(rollout.mode) == "async" else 0)
+    index = int(world_size) if worker else int(rank)
+    j = judge
+    total, rpm = int(j.max_concurrency), int(j.requests_per_minute)
+    short = total < processes or 0 < rpm < processes  # refused by config validation when the judge is used
+    notice = (f"judge.max_concurrency={total} / judge.requests_per_minute={rpm} are the run's limits, below the "
+              f"{processes} processes that may make external chat calls: each still gets 1, so the run may exceed "
+              "them") if short else ""
+    configure_limiter(process_share(total, index, processes), process_share(rpm, index, processes),
+                      float(j.queue_timeout_s), notice)

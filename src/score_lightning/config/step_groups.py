@@ -48,8 +48,7 @@ class ConstrainedMaxChars:
 @dataclass
 class EvaluatorConfig:
     enabled: bool = MISSING
-    source: str = knob(choices=("policy", "external"),
-                       why="policy: the evaluator role scores; external: an OpenAI-compatible judge scores each report")
+    source: str = knob(registry=("policy",), registered="evaluator sources")
     update_every: int = knob(ge=1)
     ema_beta: float = knob(ge=0.0, lt=1.0)
     alpha: float = knob(ge=0.0)
@@ -112,8 +111,7 @@ class CitationJudgeConfig:
 
 @dataclass
 class RewardConfig:
-    source: str = knob(choices=("evaluator", "rule"),
-                       why="evaluator: the evaluator's scores; rule: the known-good a(r)(1 + q(r)), no evaluator")
+    source: str = knob(registry=("evaluator",), registered="reward sources")
     rule_quality: str = knob(choices=("retrieved_cited", "coverage", "item_recall", "none"),
                              why="q(r) of reward.source=rule")
     items_path: Optional[str] = MISSING

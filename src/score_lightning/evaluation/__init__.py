@@ -280,7 +280,7 @@ def _card_items(choice: str) -> tuple[dict | None, dict | None]:
     """The card's item set and its identity, from ``--items``."""
     if choice == "none":
         return None, None
-    from score_lightning.items.format import EMBEDDED_ITEMS_PATH, file_digest, load_items
+    from score_lightning.data.items import EMBEDDED_ITEMS_PATH, file_digest, load_items
 
     path = EMBEDDED_ITEMS_PATH if choice == "embedded" else Path(choice)
     return load_items(path), {"path": choice if choice == "embedded" else str(path), "digest": file_digest(path)}

@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 from score_lightning.rewards.report_pairs import VALID, Pair, Side
-from score_lightning.items.format import file_digest, text_digest
+from score_lightning.data.items import file_digest, text_digest
 
 FORMAT = "score-lightning/evaluator-pairs/v1"
 

@@ -98,7 +98,7 @@ class WorkerHost:
         from omegaconf import OmegaConf
 
         from score_lightning.harness.state import HarnessState
-        from score_lightning.step.judge_scoring import configure_limits
+        from score_lightning.clients.limiter import configure_limits
 
         cfg = self.cfg = OmegaConf.create(spec.cfg)
         self.spec = spec

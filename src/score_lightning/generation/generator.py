@@ -22,16 +22,10 @@ from score_lightning import distributed as D
 from score_lightning.roles.cited_passages import corpus_texts
 from score_lightning.rollout.search_steps import shown_passages
 from score_lightning.step.rubric_source import RubricContext
-from score_lightning.step.citation_reward import add_citation_reward
 from score_lightning.step.dynamic_sampling import extra_batch, informative_groups, merge_draws, pick_groups
-from score_lightning.step.judge_scoring import build_judge, external_evaluations
-from score_lightning.step.reward_assembly import (
-    StepRewards, assemble_rewards, on_incomplete, parse_answers, rewards_from_evaluations, verifier_tau,
-)
-from score_lightning.step.rollouts import (
-    RolloutSettings, initial_evidence, rollout_settings, scoring_rollouts, solver_rollouts,
-)
-from score_lightning.step.rule_rewards import rule_step_rewards
+from score_lightning.step.reward_assembly import StepRewards, parse_answers
+from score_lightning.step.rollouts import RolloutSettings, initial_evidence, rollout_settings, solver_rollouts
+from score_lightning.step.scoring_sources import reward_terms, step_scorer
 from score_lightning.step.types import StepRollouts, StepRubric
 
 #: where each trajectory (``Trajectory.meta``) and rubric sample records the policy version that sampled it
@@ -70,7 +64,8 @@ class Generator:
     """``rubric_context``, ``rollout``, ``score`` and ``draw_until_informative``: the generating stages of a step.
 
     The rewards read the run's ``reward``, ``verifier`` and ``evaluator`` nodes, dynamic sampling
-    ``solver.dynamic_sampling``; ``rollout_settings`` is the loops' plan built from ``solver`` and ``evaluator``."""
+    ``solver.dynamic_sampling``; ``rollout_settings`` is the loops' plan built from ``solver`` and ``evaluator``.
+    Who scores is a registered source, and what is added after it registered terms (step/scoring_sources.py)."""
 
     def __init__(self, cfg, tokenizer, rubric_source, rollout_settings: RolloutSettings, run: RunAccess):
         self.cfg, self.K, self.run = cfg, int(cfg.solver.num_rollouts), run
@@ -78,7 +73,14 @@ class Generator:
         self.rollout_settings = rollout_settings
         self.engine = self.evaluator_engine = None  # use(): the trainer's setup, the vLLM callback, the worker
         self.retriever = None  # open_retriever(), or a test's own
-        self._judge = None
+        self.scorer, self.terms = step_scorer(cfg.reward, cfg.evaluator), reward_terms(cfg)
+        #: clients a source or a term opens on first use, in the process that scores (an external judge), by name
+        self.services: dict[str, object] = {}
+
+    @property
+    def calls_judge(self) -> bool:
+        """Do this run's scores come (in part) from the ``judge`` endpoint? The same on every rank."""
+        return self.scorer.calls_judge or any(term.calls_judge for term in self.terms)
 
     @property
     def harness_state(self):
@@ -119,63 +121,36 @@ class Generator:
         else:
             rubrics = StepRubric([rubric_of.first] * len(queries), [], rubric_of.valid, rubric_of.error,
                                  fallback=[bool(rubric_of.fallback and rubric_of.fallback[0])] * len(queries))
-        self._release_caches()  # a stage boundary (see _release_caches)
+        self.release_caches()  # a stage boundary (see release_caches)
         memory = self.run.guidance()  # RubricEM's reflection memory
         solver = solver_rollouts(self.engine, self.tokenizer, self.retriever, queries, rubrics.per_query,
                                  self.harness_state, self.rollout_settings, memory(ids) if memory else None)
         return StepRollouts(list(queries), rubrics, evidence, errors, solver, query_ids=ids)
 
     def score(self, ro: StepRollouts) -> StepRewards:
-        """Stages 2-3: the evaluator (or the external judge) scores the K reports of each query; rewards with gates
-        and verifier; then, with ``reward.citation_judge.enabled``, DR Tulu's citation term through the judge."""
-        rw = self._score(ro)
-        citation = self.cfg.reward.citation_judge
-        if citation.enabled:
-            rw = add_citation_reward(self.judge, self.tokenizer, ro.queries, ro.solver, rw, self.K, citation)
+        """Stages 2-3: the configured source scores the K reports of each query (the evaluator role by default), then
+        each enabled reward term adds its part (``reward.citation_judge``: DR Tulu's citation term)."""
+        rw = self.scorer.score(self, ro, parse_answers(ro.solver, self.tokenizer, self.cfg.reward))
+        for term in self.terms:
+            rw = term.add(self, ro, rw)
         return rw
 
-    def _score(self, ro: StepRollouts) -> StepRewards:
-        reward, evaluator = self.cfg.reward, self.cfg.evaluator
-        answers = parse_answers(ro.solver, self.tokenizer, reward)
-        if reward.source == "rule":  # the known-good reward: no evaluator, no scoring rollouts
-            ro.scoring = []
-            self._release_caches()
-            return rule_step_rewards(answers, ro, self.K, str(reward.rule_quality),
-                                     None if reward.items_path is None else str(reward.items_path))
+    def report_groups(self, ro: StepRollouts, answers) -> tuple[list, list, list | None]:
+        """Per query, what an evaluator scores: the K reports (None: no answer), the ids each report's searches
+        retrieved, and the passages they showed (see :meth:`shown_passages`). A stage boundary: caches are released."""
         reports = [[a.answer if a.answer else None for a in answers[i:i + self.K]] for i in range(0, len(answers), self.K)]
         sources = [[t.retrieved_ids for t in ro.solver[i:i + self.K]] for i in range(0, len(ro.solver), self.K)]
-        shown = self._shown_passages(ro)
-        self._release_caches()  # a stage boundary (see _release_caches)
-        if evaluator.source == "external":  # an LLM judge scores; failures leave the update
-            ro.scoring = []
-            groups, tally = external_evaluations(self.judge, self.tokenizer, ro.queries, reports, ro.rubrics.per_query,
-                                                 self.harness_state, self.rollout_settings, sources,
-                                                 self.retriever, shown)
-            tau = verifier_tau(self.cfg.verifier, self.harness_state)
-            rw = rewards_from_evaluations(answers, groups, ro.rubrics.per_query, self.K, tau, self.cfg.verifier,
-                                          on_incomplete(evaluator))
-            rw.judge = tally
-            return rw
-        ro.scoring = scoring_rollouts(self.evaluator_engine, self.tokenizer, self.retriever, ro.queries, reports,
-                                      ro.rubrics.per_query, self.harness_state, self.rollout_settings, sources, shown)
-        self._release_caches()
-        return assemble_rewards(answers, ro.scoring, ro.rubrics.per_query, self.harness_state, self.K, evaluator,
-                                self.cfg.verifier, self.tokenizer)
+        shown = self.shown_passages(ro)
+        self.release_caches()
+        return reports, sources, shown
 
-    def _shown_passages(self, ro: StepRollouts):
+    def shown_passages(self, ro: StepRollouts):
         """``evaluator.show_passages`` with a retriever that has no local corpus: the passages each report's searches
         showed, per query, per report (with a local corpus the scoring reads the passages from it)."""
         if not self.rollout_settings.show_passages or corpus_texts(self.retriever) is not None:
             return None
         texts = [shown_passages(t, self.tokenizer) for t in ro.solver]
         return [texts[i:i + self.K] for i in range(0, len(texts), self.K)]
-
-    @property
-    def judge(self):
-        """The run's external judge (``judge`` group), built on first use in the process that scores."""
-        if self._judge is None:
-            self._judge = build_judge(self.cfg.judge)
-        return self._judge
 
     def draw_until_informative(self, ro: StepRollouts, rw: StepRewards) -> tuple[StepRollouts, StepRewards, tuple]:
         """Dynamic sampling (step/dynamic_sampling.py): more draws until B groups carry a signal, at most
@@ -198,7 +173,7 @@ class Generator:
         ro, rw = merge_draws(draws, pick_groups([f.tolist() for f in flags], need), self.K)
         return ro, rw, drawn
 
-    def _release_caches(self) -> None:
+    def release_caches(self) -> None:
         """Drop the HF engines' stored KV caches (``rollout/kv_cache.PrefixStore``) at every stage boundary and
         when rollouts are done. The store serves the later turns of one stage's rows; a stage's rows never extend
         another stage's (each role's system prompt parts from the others' within a few tokens, far below the

@@ -39,7 +39,7 @@ class BuildingHooks:
 
     def setup(self, stage: str) -> None:
         from score_lightning.generation.engines import build_engines, collective_forwards
-        from score_lightning.step.judge_scoring import configure_limits
+        from score_lightning.clients.limiter import configure_limits
 
         # this process's share of the run's judge.max_concurrency / requests_per_minute (ranks are known from here)
         configure_limits(self.cfg.judge, self.cfg.rollout, self.trainer.global_rank, self.trainer.world_size)

@@ -1,5 +1,5 @@
-"""Evidence-backed rubric items (DeepRubric): the items file format, evidence trees and the item builder.
+"""Evidence-backed rubric items (DeepRubric): evidence trees and the item builder ``scripts/build_rubrics.py`` runs.
 
-``scripts/build_rubrics.py`` runs the builder; :mod:`score_lightning.rewards.items` is the verifier that
-decides an item for a report.
+The items file format is :mod:`score_lightning.data.items`; :mod:`score_lightning.rewards.items` is the verifier
+that decides an item for a report.
 """

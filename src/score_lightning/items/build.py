@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from score_lightning.items.format import QueryItems, file_digest, text_digest
+from score_lightning.data.items import QueryItems, file_digest, text_digest
 from score_lightning.items.synthesis import build_item_set
 from score_lightning.retrieval.base import Retriever
 

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from score_lightning.clients.chat import ChatClient, ReplyError, extract_json_object
-from score_lightning.items.format import EvidenceItem, QueryItems
+from score_lightning.data.items import EvidenceItem, QueryItems
 from score_lightning.rewards.items import report_prose, term_present
 
 SYSTEM = ("You rewrite rubric items for grading research reports. Each item is one binary, checkable statement. "

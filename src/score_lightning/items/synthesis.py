@@ -18,7 +18,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
-from score_lightning.items.format import EvidenceItem, QueryItems
+from score_lightning.data.items import EvidenceItem, QueryItems
 from score_lightning.items.tree import EvidenceTree, build_tree, content_words, lead_sentence, tree_passage_order
 from score_lightning.retrieval.base import Retriever, SearchHit
 

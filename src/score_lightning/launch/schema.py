@@ -27,7 +27,8 @@ from score_lightning.sft.config import SftConfig
 METHOD_CONFIGS = ("score_lightning.methods.arco.config", "score_lightning.methods.dpo.config",
                   "score_lightning.methods.mams.config", "score_lightning.methods.rubricem.config", "score_lightning.methods.preference.config",
                   "score_lightning.methods.rler.config", "score_lightning.methods.given.config",
-                  "score_lightning.methods.drrubric.config")
+                  "score_lightning.methods.drrubric.config", "score_lightning.methods.judge.config",
+                  "score_lightning.methods.rule.config")
 
 #: the name of the root schema in the ConfigStore (``configs/train.yaml`` lists it first)
 ROOT = "train_schema"
@@ -51,6 +52,8 @@ LIVE_REGISTRIES = {
     "reward.step": ("score_lightning.step.objectives", "STEP_CREDIT"),
     "solver.agent": ("score_lightning.rollout.workflows", "SOLVER_WORKFLOWS"),
     "solver.objective": ("score_lightning.step.solver_objective", "SOLVER_OBJECTIVES"),
+    "reward.source": ("score_lightning.step.scoring_sources", "REWARD_SOURCES"),
+    "evaluator.source": ("score_lightning.step.scoring_sources", "EVALUATOR_SOURCES"),
 }
 
 

@@ -1,7 +1,7 @@
 """Claims of a report and DR Tulu's claim-level citation scores (pure functions).
 
 A report is split into statements (sentences; a piece made only of citation markers joins the sentence
-before it). For the citation reward (``reward.citation_judge``, judged in ``step/citation_reward.py``), each
+before it). For the citation reward (``reward.citation_judge``, judged in ``methods/judge/citation.py``), each
 statement is a claim with the ids it cites. DR Tulu's per-claim scores (its open-instruct
 ``citation_utils``):
 

@@ -1,6 +1,6 @@
 """Binary evidence items, decided by program (DRB-II's binary rubric items, DeepRubric's evidence leaves).
 
-An evidence item (:class:`~score_lightning.items.format.EvidenceItem`) names the passages that support
+An evidence item (:class:`~score_lightning.data.items.EvidenceItem`) names the passages that support
 one atomic statement (``evidence``) and the key terms a report must state to make it (``terms``). A
 report **satisfies** it only when all three hold:
 

@@ -87,7 +87,7 @@ _OFF_VALUES = {"trainable_layers": None, "scoring_contrast": 0.0, "report": None
 
 def _items_identity(cfg: DictConfig) -> str:
     """The evidence items ``sft.scoring_targets=items`` reads: the file's digest (the embedded one by default)."""
-    from score_lightning.items.format import EMBEDDED_ITEMS_PATH, file_digest
+    from score_lightning.data.items import EMBEDDED_ITEMS_PATH, file_digest
 
     path = cfg.reward.items_path
     return file_digest(path if path else EMBEDDED_ITEMS_PATH)

@@ -72,7 +72,7 @@ def scoring_items(sft: "SftConfig", reward: "RewardConfig") -> dict[str, list] |
         raise ValueError(f"sft.scoring_targets={mode!r}: allowed {', '.join(SCORING_TARGETS)}")
     if mode == "kind":
         return None
-    from score_lightning.items.format import load_items
+    from score_lightning.data.items import load_items
 
     return {q.prompt.strip(): list(q.items) for q in load_items(reward.items_path).values()}
 

@@ -4,6 +4,8 @@
   more than ``optim.max_consecutive_skips`` skips in a row stop the run with a checkpoint.
 * Every step's retrievals (solver, scoring and the initial-evidence probe) are counted across ranks;
   ``retriever.max_failed_steps`` consecutive steps in which *every* retrieval failed stop the run.
+* A step whose judgements at the ``judge`` endpoint failed more than ``judge.max_failed_rate`` (pooled over ranks)
+  stops the run before its update (:func:`check_judgements`).
 
 Counts are reduced over ranks, so every rank takes the same decision at the same step.
 """
@@ -12,10 +14,13 @@ from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 
 import torch
 
 from score_lightning import distributed as D
+from score_lightning.clients.judge import JudgeTally
+from score_lightning.errors import JudgeUnavailable
 from score_lightning.step.types import StepRollouts
 
 log = logging.getLogger(__name__)
@@ -79,3 +84,22 @@ class FaultMonitor:
     def load_state_dict(self, state: dict) -> None:
         self.skipped_steps = int(state.get("skipped_steps", 0))
         self.retrieval_errors_total = int(state.get("retrieval_errors_total", 0))
+
+
+def check_judgements(tally: JudgeTally | None, max_failed_rate: float, checkpoint_dir: str | Path) -> dict[str, float]:
+    """The step's judge scalars, pooled over ranks (collective); :class:`JudgeUnavailable` when the failed share
+    exceeds ``judge.max_failed_rate`` (before the step's update: the last checkpoint stays the one to resume)."""
+    tallies = [t for t in D.gather_objects(tally) if t is not None]
+    if not tallies:
+        return {}
+    pooled = tallies[0]
+    for t in tallies[1:]:
+        pooled = pooled.merge(t)
+    if pooled.requests and pooled.failed_rate > max_failed_rate:
+        last = Path(checkpoint_dir) / "last.ckpt"
+        resume = (f"the last checkpoint, {last}, is untouched: fix the judge and resume with ckpt_path=last"
+                  if last.exists() else "no checkpoint was saved yet: fix the judge and start again")
+        raise JudgeUnavailable(
+            f"the external judge failed {pooled.failed_rate:.0%} of this step's judgements, above "
+            f"judge.max_failed_rate={max_failed_rate:g}: {pooled.describe()}. The step was not trained; {resume}")
+    return pooled.metrics()

@@ -101,7 +101,7 @@ def record_ranking(sc: StepScalars, ro: StepRollouts, rw: StepRewards, num_rollo
     import numpy as np
 
     from score_lightning.rewards.score_signal import group_taus
-    from score_lightning.step.rule_rewards import step_qualities
+    from score_lightning.step.report_quality import step_qualities
 
     n = len(rw.answers)
     q = step_qualities(quality, rw.answers, ro, num_rollouts, items_path)

@@ -56,12 +56,6 @@ CITATION_RULES = ("any", "retrieved")
 ON_INCOMPLETE = ("validity", "drop", "neutral")
 
 
-def on_incomplete(evaluator: "EvaluatorConfig") -> str:
-    """What an unjudged report costs: ``evaluator.on_incomplete``, except under an external judge (``evaluator.source
-    =external``), whose failed judgement is never a score: its report leaves the update (step/judge_scoring.py)."""
-    return "drop" if str(evaluator.source) == "external" else str(evaluator.on_incomplete)
-
-
 @dataclass
 class StepRewards:
     """Everything the updates and the logs need about one step's rewards (this rank's rows)."""
@@ -172,14 +166,15 @@ def assemble_rewards(
     groups = group_evaluations(scoring, rubrics, num_reports, str(evaluator.scoring), state.process_constraints,
                                tokenizer, str(evaluator.score_readout))
     return rewards_from_evaluations(answers, groups, rubrics, num_reports, verifier_tau(verifier, state), verifier,
-                                    on_incomplete(evaluator))
+                                    str(evaluator.on_incomplete))
 
 
 def rewards_from_evaluations(answers: Sequence[AnswerParse], groups: Sequence[GroupEvaluation],
                              rubrics: Sequence[Rubric], num_reports: int, tau: int, verifier: "VerifierConfig",
                              unjudged: str) -> StepRewards:
     """The process gate per evaluation, then :func:`combine`; pure, so tests can feed hand-made evaluations.
-    ``unjudged``: what an unjudged report costs (:func:`on_incomplete`)."""
+    ``unjudged``: what an unjudged report costs (``evaluator.on_incomplete``; an external judge's failed judgement is
+    never a score, so ``methods/judge/`` passes ``drop``)."""
     matrices: list[Tensor] = []
     for g, rubric in zip(groups, rubrics):
         matrix = torch.tensor(g.parse.score_matrix(rubric, num_reports), dtype=torch.float32).reshape(num_reports, -1)

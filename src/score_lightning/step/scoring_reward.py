@@ -127,7 +127,7 @@ class ScoringRewardStage(EvaluatorObjective):
     def _judgement(self, ro, rw, num_reports: int, sc) -> ScoringJudgement:
         if self.mode == "none":
             return ScoringJudgement()
-        from score_lightning.step.rule_rewards import step_qualities
+        from score_lightning.step.report_quality import step_qualities
 
         recall = step_qualities("item_recall", rw.answers, ro, num_reports, self.items_path)
         quality = (recall * (rw.validity > 0).to(recall.dtype)).tolist()

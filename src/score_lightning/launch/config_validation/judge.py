@@ -32,7 +32,7 @@ def check_judge(c: Checks) -> None:
 
 
 def calling_processes(c: Checks) -> tuple[int, str]:
-    """The processes that make external chat calls, as ``step/judge_scoring.configure_limits`` counts them at run
+    """The processes that make external chat calls, as ``clients/limiter.configure_limits`` counts them at run
     time: every training process (devices x nodes, tensor-parallel ranks included), then the async rollout worker."""
     training = data_parallel_size(c.cfg)
     if c.get("strategy.name") == "fsdp":  # strategy=fsdp's key (ddp runs no tensor parallelism)

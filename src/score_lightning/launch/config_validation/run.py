@@ -118,7 +118,7 @@ def check_items(c: Checks) -> None:
     """``reward.rule_quality=item_recall``: the items file loads and holds every training query."""
     from score_lightning.data.corpus import DataFormatError
     from score_lightning.data.queries import load_queries
-    from score_lightning.items.format import load_items
+    from score_lightning.data.items import load_items
 
     path, queries = c.get("reward.items_path"), c.get("data.queries_path")
     if path is None and queries is not None:

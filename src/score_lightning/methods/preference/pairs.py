@@ -28,7 +28,7 @@ import random
 import re
 from collections.abc import Sequence
 
-from score_lightning.items.format import EvidenceItem, QueryItems
+from score_lightning.data.items import EvidenceItem, QueryItems
 
 SPLIT_SEED = 0
 SPLIT_SHARES = (("train", 8), ("val", 1), ("test", 1))

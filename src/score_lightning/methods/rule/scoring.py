@@ -13,34 +13,12 @@ from collections.abc import Sequence
 
 import torch
 
-from torch import Tensor
-
-from score_lightning.items.format import cached_items
-from score_lightning.rewards.rule import qualities, rule_rewards
+from score_lightning.rewards.rule import rule_rewards
 from score_lightning.roles.answer import AnswerParse
+from score_lightning.step.report_quality import step_qualities
 from score_lightning.step.reward_assembly import StepRewards
+from score_lightning.step.scoring_sources import REWARD_SOURCES, ScoringSource
 from score_lightning.step.types import StepRollouts
-
-SOURCES = ("evaluator", "rule")
-
-
-def step_qualities(kind: str, answers: Sequence[AnswerParse], ro: StepRollouts, num_reports: int,
-                   items_path: str | None = None) -> Tensor:
-    """q(r) of every report of the step (query-major rows), read as ``reward.rule_quality=kind`` reads it:
-    the rule reward and the evaluator's ranking scalar both call this one function."""
-    n = len(answers)
-    tops = [[d.id for d in ro.evidence[i // num_reports]] if ro.evidence else [] for i in range(n)]
-    items = reports = None
-    if kind == "item_recall":
-        table = cached_items(items_path)
-        missing = sorted({str(q) for q in ro.query_ids} - set(table))
-        if missing or not ro.query_ids:
-            raise ValueError(f"reward.rule_quality=item_recall: no items for queries {missing[:5] or '(no ids)'} in "
-                             f"{items_path or 'the embedded items file'}; build them with scripts/build_rubrics.py "
-                             "and set reward.items_path")
-        items = [table[str(ro.query_ids[i // num_reports])].items for i in range(n)]
-        reports = [a.answer or "" for a in answers]
-    return qualities(kind, [a.cited_ids for a in answers], [t.retrieved_ids for t in ro.solver], tops, reports, items)
 
 
 def rule_step_rewards(answers: Sequence[AnswerParse], ro: StepRollouts, num_reports: int, quality: str,
@@ -56,3 +34,14 @@ def rule_step_rewards(answers: Sequence[AnswerParse], ro: StepRollouts, num_repo
         rubric_part=torch.where(validity > 0, q, torch.zeros_like(q)), depth=torch.zeros(n, dtype=torch.long),
         verified=torch.ones(n, dtype=torch.bool), process_ok=torch.ones(n, dtype=torch.bool), eval_valid=[],
         rewards=rewards, tau=0, reports_valid=[False] * n, complete=[True] * queries, judged=[True] * n)
+
+
+def _rule_source(gen, ro: StepRollouts, answers: Sequence[AnswerParse]) -> StepRewards:
+    ro.scoring = []  # no evaluator runs
+    gen.release_caches()
+    reward = gen.cfg.reward
+    return rule_step_rewards(answers, ro, gen.K, str(reward.rule_quality),
+                             None if reward.items_path is None else str(reward.items_path))
+
+
+REWARD_SOURCES.register("rule", ScoringSource(_rule_source))

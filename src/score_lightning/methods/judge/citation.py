@@ -5,7 +5,7 @@ rule reward), each *valid* report (a(r) = 1) with at least one claim is sent to 
 its claims, the ids each cites, and the text of those passages as the solver's own searches showed them
 (its observations, each passage cut to ``max_passage_chars``). The judge says, per cited claim, whether the
 passages support it (recall) and which of them are relevant (precision), and per uncited claim whether it
-needed a source (``roles/citation_check.py``; the scores are ``rewards/citation_claims.py``). The report's
+needed a source (``citation_prompts.py``; the scores are ``rewards/citation_claims.py``). The report's
 reward then gains
 
     R <- R + weight * a(r) * mean-over-claims F1(precision, recall)
@@ -18,40 +18,23 @@ reports it judged.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
-from score_lightning import protocol as P
-from score_lightning.clients.judge import JudgeTally, LLMJudge
+from score_lightning.clients.judge import JudgeTally
+from score_lightning.methods.judge.citation_prompts import citation_check_messages, citation_check_reader
+from score_lightning.methods.judge.client import LLMJudge
+from score_lightning.methods.judge.scoring import judge_of
 from score_lightning.rewards.citation_claims import citation_score, report_claims
-from score_lightning.roles.citation_check import citation_check_messages, citation_check_reader
+from score_lightning.rollout.search_steps import observed_passages
 from score_lightning.rollout.trajectory import Trajectory
 from score_lightning.step.reward_assembly import StepRewards
+from score_lightning.step.scoring_sources import REWARD_TERMS, RewardTerm
 
 if TYPE_CHECKING:
     from score_lightning.config.schema import CitationJudgeConfig
-
-_OBS = re.compile(re.escape(P.OBS_OPEN) + r"(.*?)" + re.escape(P.OBS_CLOSE), re.DOTALL)
-
-
-def observed_passages(traj: Trajectory, tokenizer) -> dict[str, str]:
-    """What the trajectory's searches showed it, by id: each ``[id] text`` hit of its observations (the first
-    showing of an id wins)."""
-    out: dict[str, str] = {}
-    known = list(dict.fromkeys(traj.retrieved_ids))
-    if not known:
-        return out
-    head = re.compile(r"(?:^|\n)\[(" + "|".join(re.escape(d) for d in known) + r")\] ")
-    for row in traj.rows():
-        text = tokenizer.decode(row.response_ids)
-        for body in _OBS.findall(text):
-            marks = list(head.finditer(body))
-            for m, nxt in zip(marks, marks[1:] + [None]):
-                out.setdefault(m.group(1), body[m.end():nxt.start() if nxt else len(body)].strip())
-    return out
 
 
 def add_citation_reward(judge: LLMJudge, tokenizer, queries: Sequence[str], solver: Sequence[Trajectory],
@@ -89,3 +72,12 @@ def add_citation_reward(judge: LLMJudge, tokenizer, queries: Sequence[str], solv
     rw.citation = sums
     rw.judge = tally if rw.judge is None else rw.judge.merge(tally)
     return rw
+
+
+def _citation_term(gen, ro, rw: StepRewards) -> StepRewards:
+    return add_citation_reward(judge_of(gen), gen.tokenizer, ro.queries, ro.solver, rw, gen.K,
+                               gen.cfg.reward.citation_judge)
+
+
+REWARD_TERMS.register("citation_judge", RewardTerm(lambda cfg: bool(cfg.reward.citation_judge.enabled),
+                                                   _citation_term, calls_judge=True))

@@ -16,7 +16,7 @@ retries, an unusable reply) leaves its report *unjudged*: it drops out of its gr
 nowhere), whatever ``evaluator.on_incomplete`` says. Every judgement is counted (``judge/failed_rate``,
 ``judge/latency_s``, ``judge/in_flight_max``), and a step whose failed share, pooled over ranks, exceeds
 ``judge.max_failed_rate`` stops the run before its update with an error naming the endpoint and the failure
-kinds (:func:`check_judgements`; an invalid reply counts as kind ``invalid``, the rule it broke kept in the tally).
+kinds (:func:`~score_lightning.step.faults.check_judgements`; an invalid reply counts as kind ``invalid``, the rule it broke kept in the tally).
 A report with no answer is not sent: its reward is 0 whatever its scores.
 
 The judge makes no verification searches (depth 0), so config validation refuses it with the verifier on.
@@ -26,57 +26,43 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-from score_lightning import distributed as D
 from score_lightning.clients.chat import ReplyError
-from score_lightning.clients.judge import JudgeTally, LLMJudge
-from score_lightning.errors import JudgeUnavailable
+from score_lightning.clients.judge import JudgeTally
 from score_lightning.harness.state import HarnessState
+from score_lightning.methods.judge.client import LLMJudge
 from score_lightning.roles.evaluation import EvaluationParse, parse_evaluation
 from score_lightning.roles.prompts import scoring_messages
 from score_lightning.roles.rubric import Rubric
 from score_lightning.rollout.chat import truncate_text
 from score_lightning.step.evaluations import GroupEvaluation, meets_process_rules
+from score_lightning.step.reward_assembly import StepRewards, rewards_from_evaluations, verifier_tau
 from score_lightning.step.rollouts import RolloutSettings, report_citations
-
-if TYPE_CHECKING:
-    from score_lightning.config.schema import EvaluatorConfig, JudgeConfig, RewardConfig, RolloutConfig
-
-SOURCES = ("policy", "external")
+from score_lightning.step.scoring_sources import EVALUATOR_SOURCES, ScoringSource
 
 
-def uses_judge(evaluator: "EvaluatorConfig", reward: "RewardConfig") -> bool:
-    """Does the run send judgements to the ``judge`` endpoint (the same on every rank)? An external evaluator, or
-    ``reward.citation_judge``."""
-    return str(evaluator.source) == "external" or bool(reward.citation_judge.enabled)
+def judge_of(gen) -> LLMJudge:
+    """The run's judge (the ``judge`` node), built on first use in the process that scores, under that process's
+    limits (``clients/limiter.configure_limits``), and kept among the generator's services."""
+    if "judge" not in gen.services:
+        gen.services["judge"] = LLMJudge(gen.cfg.judge)
+    return gen.services["judge"]
 
 
-def configure_limits(judge: "JudgeConfig", rollout: "RolloutConfig", rank: int, world_size: int,
-                     worker: bool = False) -> None:
-    """This process's limits on every external chat call (judge, meta-harness, rubric writer, appraisal): its
-    share of the run's ``judge.max_concurrency`` and ``judge.requests_per_minute``, split among the processes
-    that make calls (the ``world_size`` training processes, and the rollout worker under ``rollout.mode=async``,
-    which counts after them), so that the endpoint sees the run's limits with no traffic between processes. A
-    process calls it before its first request."""
-    from score_lightning.clients.limiter import configure_limiter, process_share
-
-    processes = int(world_size) + (1 if str(rollout.mode) == "async" else 0)
-    index = int(world_size) if worker else int(rank)
-    j = judge
-    total, rpm = int(j.max_concurrency), int(j.requests_per_minute)
-    short = total < processes or 0 < rpm < processes  # refused by config validation when the judge is used
-    notice = (f"judge.max_concurrency={total} / judge.requests_per_minute={rpm} are the run's limits, below the "
-              f"{processes} processes that may make external chat calls: each still gets 1, so the run may exceed "
-              "them") if short else ""
-    configure_limiter(process_share(total, index, processes), process_share(rpm, index, processes),
-                      float(j.queue_timeout_s), notice)
+def judged_scores(gen, ro, answers) -> StepRewards:
+    """``evaluator.source=external``: the judge's pointwise judgements as the step's evaluations; no scoring rollouts,
+    and a failed judgement leaves its report out of the update whatever ``evaluator.on_incomplete`` says."""
+    reports, sources, shown = gen.report_groups(ro, answers)
+    ro.scoring = []
+    groups, tally = external_evaluations(judge_of(gen), gen.tokenizer, ro.queries, reports, ro.rubrics.per_query,
+                                         gen.harness_state, gen.rollout_settings, sources, gen.retriever, shown)
+    rw = rewards_from_evaluations(answers, groups, ro.rubrics.per_query, gen.K, verifier_tau(gen.cfg.verifier,
+                                  gen.harness_state), gen.cfg.verifier, "drop")
+    rw.judge = tally
+    return rw
 
 
-def build_judge(judge: "JudgeConfig") -> LLMJudge:
-    """The run's judge (the ``judge`` node), under the process's limits (:func:`configure_limits`)."""
-    return LLMJudge(judge)
+EVALUATOR_SOURCES.register("external", ScoringSource(judged_scores, calls_judge=True))
 
 
 #: what a re-ask asks the judge for
@@ -147,22 +133,3 @@ def external_evaluations(judge: LLMJudge, tokenizer, queries: Sequence[str], rep
         merged = EvaluationParse(parsed, valid=all(valid), error="", closed=True)
         groups.append(GroupEvaluation(merged, (0,) * len(group), tuple(ok), tuple(valid), all(judged), tuple(judged)))
     return groups, tally
-
-
-def check_judgements(tally: JudgeTally | None, max_failed_rate: float, checkpoint_dir: str | Path) -> dict[str, float]:
-    """The step's judge scalars, pooled over ranks (collective); :class:`JudgeUnavailable` when the failed share
-    exceeds ``judge.max_failed_rate`` (before the step's update: the last checkpoint stays the one to resume)."""
-    tallies = [t for t in D.gather_objects(tally) if t is not None]
-    if not tallies:
-        return {}
-    pooled = tallies[0]
-    for t in tallies[1:]:
-        pooled = pooled.merge(t)
-    if pooled.requests and pooled.failed_rate > max_failed_rate:
-        last = Path(checkpoint_dir) / "last.ckpt"
-        resume = (f"the last checkpoint, {last}, is untouched: fix the judge and resume with ckpt_path=last"
-                  if last.exists() else "no checkpoint was saved yet: fix the judge and start again")
-        raise JudgeUnavailable(
-            f"the external judge failed {pooled.failed_rate:.0%} of this step's judgements, above "
-            f"judge.max_failed_rate={max_failed_rate:g}: {pooled.describe()}. The step was not trained; {resume}")
-    return pooled.metrics()
