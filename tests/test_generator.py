@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import queue
+from types import SimpleNamespace
 
 import pytest
 
@@ -97,10 +99,10 @@ def test_the_module_generates_with_what_it_holds_now(tiny_ckpt, bm25):
 
 def test_the_worker_builds_its_generator_as_the_module_does(tiny_ckpt, corpus_file):
     """Same settings, rubric source and sampling from one builder; the worker generates under each request's
-    harness state and step."""
+    harness state and step, and closes what it opened when it stops."""
     from omegaconf import OmegaConf
 
-    from score_lightning.generation.async_worker import GenerationRequest, WorkerHost, WorkerSpec
+    from score_lightning.generation.async_worker import GenerationRequest, WorkerHost, WorkerSpec, serve
     from score_lightning.module import ScoreModule
 
     cfg = _cfg("rollout=scripted", "rollout.mode=async", "solver.dynamic_sampling.enabled=true")
@@ -121,3 +123,14 @@ def test_the_worker_builds_its_generator_as_the_module_does(tiny_ckpt, corpus_fi
                                             module.rubric_source.state_dict()))
     assert theirs.score_step == 5 and batch.info["harness_version"] == 4
     assert any(NOTE in r.prompt for r in theirs.engine.requests if r.role == "rubric")
+    # its loop ends on the trainer's None (a broken request is answered with an error, not fatal) and closes what
+    # generating opened in its process: the retriever (an MCP stdio server), the services' clients (the judge's)
+    closed: list[str] = []
+    theirs.retriever = SimpleNamespace(close=lambda: closed.append("retriever"))
+    theirs.services["judge"] = SimpleNamespace(close=lambda: closed.append("judge"))
+    requests, results = queue.Queue(), queue.Queue()
+    for msg in (("slots", {}), ("batch", b"not a request"), None):
+        requests.put(msg)
+    serve(host, requests, results, os.getppid())
+    assert results.get_nowait()[0] == "error" and results.empty()
+    assert closed == ["retriever", "judge"] and theirs.services == {}

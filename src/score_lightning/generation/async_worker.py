@@ -232,18 +232,27 @@ def worker_main(spec: WorkerSpec, requests, results) -> None:
     results.put(("ready", {"pid": os.getpid(), "threads": torch.get_num_threads(),
                            "engine": type(host.generator.engine).__name__,
                            "evaluator_engine": type(host.generator.evaluator_engine).__name__}))
-    while True:
-        msg = _next(requests, spec.parent_pid)
-        if msg is None:
-            return
-        kind, payload = msg
-        if kind == "slots":
-            host.slots = payload
-            continue
-        try:
-            results.put(("batch", host.generate(pickle.loads(payload))))
-        except BaseException:  # noqa: BLE001
-            results.put(("error", traceback.format_exc()))
+    serve(host, requests, results, spec.parent_pid)
+
+
+def serve(host: WorkerHost, requests, results, parent_pid: int) -> None:
+    """Answer each request in order until ``None`` (or the parent is gone), then close what generating opened (an
+    MCP stdio server, the judge's client) before the process ends."""
+    try:
+        while True:
+            msg = _next(requests, parent_pid)
+            if msg is None:
+                return
+            kind, payload = msg
+            if kind == "slots":
+                host.slots = payload
+                continue
+            try:
+                results.put(("batch", host.generate(pickle.loads(payload))))
+            except BaseException:  # noqa: BLE001
+                results.put(("error", traceback.format_exc()))
+    finally:
+        host.generator.close()
 
 
 def _next(requests, parent_pid: int):

@@ -105,6 +105,13 @@ class Generator:
 
             self.retriever = retriever_from_config(self.cfg.retriever, self.cfg.paths.cache_dir)
 
+    def close(self) -> None:
+        """Close what generating opened in this process: the retriever (an MCP stdio server ends with the run, not
+        with the process) and the services' clients (the judge's connections)."""
+        for opened in (self.retriever, *self.services.values()):
+            getattr(opened, "close", lambda: None)()
+        self.services.clear()
+
     def rubric_context(self) -> RubricContext:
         return RubricContext(self.evaluator_engine, self.tokenizer, self.retriever, self.harness_state, self.scheduler,
                              int(self.cfg.evaluator.max_prompt_tokens), float(self.cfg.evaluator.temperature),

@@ -63,12 +63,11 @@ class BuildingHooks:
         self.close_workers()
 
     def close_workers(self) -> None:
-        """Stop the asynchronous rollout worker (``rollout.mode=async``) and close the retriever (an MCP stdio
-        server ends with the run, not with the process); also called when fit raised."""
+        """Stop the asynchronous rollout worker (``rollout.mode=async``) and close what generating opened (the
+        retriever, the judge's client); also called when fit raised."""
         if self.prefetch is not None:
             self.prefetch.close()
-        if getattr(self.retriever, "close", None) is not None:
-            self.retriever.close()
+        self.generator.close()
 
     def configure_optimizers(self):
         """The solver's AdamW and the evaluator's own (lr = alpha * lr): see :mod:`score_lightning.step.optimizers`."""
