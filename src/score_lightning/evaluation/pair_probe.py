@@ -16,7 +16,9 @@ the first update):
 
 Nothing it does moves the run: the rubric source and the dimension scheduler are copies, the torch, numpy and
 Python random streams are restored afterwards, and so are the HF engines' stored KV caches (the next step's prefill
-never reuses the probe's prompts), so a run with the probe samples exactly what it samples without.
+never reuses the probe's prompts), so on HF engines a run with the probe samples exactly what it samples without.
+Under ``rollout=vllm`` the probe's prompts stay in vLLM's prefix cache, which cannot be put back; that is checked
+on HF engines only.
 Off by default (``every_n_steps: 0``): on CPU the SmolLM2 probe of a few dozen pairs costs minutes, more than a
 tenth of a step. One process only, where the trainer holds its engine (``rollout.mode=sync``).
 
