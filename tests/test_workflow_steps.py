@@ -218,6 +218,8 @@ def test_a_neutral_group_gets_no_step_or_stage_credit(workflow, tmp_path, tiny_c
         got = dense[i, base:base + len(t.response_ids)].tolist()
         assert [g for g, m in zip(got, t.response_mask) if m] == [0.0] * sum(t.response_mask)
     assert step["solver"].sums["pg"] == 0.0  # so the policy term is exactly 0; only the KL trains these rows
+    if "reward.step=rubric" in workflow:  # and the logged credit is what the update added: none
+        assert not math.isfinite(step["metrics"].get("solver/step_adv_abs_mean", math.nan))
 
 
 @pytest.mark.parametrize("experiment, tags", [

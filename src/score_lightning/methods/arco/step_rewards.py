@@ -157,7 +157,7 @@ class StepRewardStage(EvaluatorObjective):
         out.rewards = [(out.agreement[x.trajectory // k] if x.valid else s.invalid_reward) for x in out.samples]
         out.advantages, mean, _ = centre(out.rewards, self.baseline)
         out.has_signal = mean is not None
-        self._record(sc, out, mean)
+        self._record(sc, out, mean, rw.neutral.tolist())
         return out
 
     def _generate(self, engine: RolloutEngine, tokenizer, prompts: list[list[int]]) -> list:
@@ -170,11 +170,13 @@ class StepRewardStage(EvaluatorObjective):
         return engine.generate(prompts, SamplingParams(self.settings.max_tokens, self.settings.temperature,
                                                        stop_token_ids=stops.token_ids, stop_strings=stops.strings))
 
-    def _record(self, sc: StepScalars, out: StepJudgement, mean: float | None) -> None:
-        """Pooled over ranks (every rank calls this, in this order, whenever step rewards are on)."""
+    def _record(self, sc: StepScalars, out: StepJudgement, mean: float | None, neutral: list[bool]) -> None:
+        """Pooled over ranks (every rank calls this, in this order, whenever step rewards are on). The bonus mean is
+        over what the solver's update adds: a neutral group's trajectories (``evaluator.on_incomplete=neutral``) get
+        no step credit there."""
         flat = [v for row in out.scores for v in row]
         valid = [v for v in flat if v is not None]
-        bonus = [abs(b.value) for row in (out.bonus or []) for b in row]
+        bonus = [abs(b.value) for row, off in zip(out.bonus or [], neutral) if not off for b in row]
         defined = [a for a in out.agreement if a is not None]
         sc.mean("solver/step_reward_mean", sum(valid), len(valid))
         sc.mean("solver/step_adv_abs_mean", sum(bonus), len(bonus))
