@@ -10,7 +10,7 @@
 
 Per query, an evidence tree (sub-questions expanded recursively, each answered by retrieved passages) whose
 passages become atomic binary items: a statement, the ids that support it and the terms a report must state
-(``score_lightning.items``). Deterministic: the same corpus, queries and flags give the same bytes, and the
+(``score_lightning.evaluation.items``). Deterministic: the same corpus, queries and flags give the same bytes, and the
 manifest (``<out stem>.manifest.json``) records the digests of all three. ``--topics`` (one topic per line)
 adds a synthesised training query per topic, asked about exactly the passages its items check.
 ``--reword-*`` (optional) lets an OpenAI-compatible model reword each item's text; evidence and terms stay.
@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from score_lightning.data.corpus import STDLIB_CORPUS_VERSION, default_corpus_path, load_corpus  # noqa: E402
 from score_lightning.data.queries import EMBEDDED_QUERIES_PATH, load_queries  # noqa: E402
-from score_lightning.items.build import BuildSettings, build_items, manifest  # noqa: E402
+from score_lightning.evaluation.items.build import BuildSettings, build_items, manifest  # noqa: E402
 from score_lightning.data.items import (  # noqa: E402
     EMBEDDED_ITEMS_MANIFEST, EMBEDDED_ITEMS_PATH, file_digest, items_lines, text_digest)
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     reworded = None
     if args.reword_base_url:
         from score_lightning.clients.chat import ChatClient
-        from score_lightning.items.reword import reword_items
+        from score_lightning.evaluation.items.reword import reword_items
 
         if not args.reword_model:
             raise SystemExit("--reword-base-url needs --reword-model")

@@ -100,7 +100,7 @@ def test_the_builder_is_deterministic_and_rebuilds_the_packaged_file(bm25, corpu
     interpreter's stdlib corpus is the one the manifest records)."""
     from score_lightning.data.corpus import load_corpus
     from score_lightning.data.queries import load_queries
-    from score_lightning.items.build import BuildSettings, build_items
+    from score_lightning.evaluation.items.build import BuildSettings, build_items
 
     manifest = json.loads(EMBEDDED_ITEMS_MANIFEST.read_text())
     assert manifest["items"]["digest"] == file_digest(EMBEDDED_ITEMS_PATH)
@@ -155,7 +155,7 @@ def test_build_rubrics_script_on_a_user_corpus_and_topics(tmp_path):
 def test_a_retrieve_server_builds_the_same_items_as_the_index_it_serves(bm25):
     """``--retriever-url``: the builder over a real /retrieve server on loopback equals the builder over the
     same BM25 index in process (both without the corpus' id list, which a server does not give)."""
-    from score_lightning.items.synthesis import query_items
+    from score_lightning.evaluation.items.synthesis import query_items
     from score_lightning.retrieval.http import HTTPRetriever
     from score_lightning.retrieval.server import make_app, serve_in_thread
 
@@ -206,7 +206,7 @@ def test_rewording_keeps_evidence_and_terms_and_counts_what_it_could_not_reword(
     term is re-asked with the reason; one that never complies keeps the programmatic text, counted by kind."""
     from openai_stub import OpenAIStub, Reply
     from score_lightning.clients.chat import ChatClient
-    from score_lightning.items.reword import reword_items
+    from score_lightning.evaluation.items.reword import reword_items
 
     keep = EvidenceItem("Cites a.b for x", ("a.b",), ("alpha",))
     stubborn = EvidenceItem("Cites c.d for y", ("c.d",), ("gamma",))

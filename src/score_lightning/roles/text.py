@@ -20,7 +20,7 @@ _STOP = frozenset(
     differ difference differences work works working when what's does help helps make makes
     """.split()
 )
-#: the question stoplist, shared with the evidence-item builder (score_lightning.items)
+#: the question stoplist, shared with the evidence-item builder (score_lightning.evaluation.items)
 STOPWORDS = _STOP
 _SENT_SPLIT_RE = re.compile(r"(?<=[.!?])\s+|\n+")
 

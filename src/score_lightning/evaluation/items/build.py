@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from score_lightning.data.items import QueryItems, file_digest, text_digest
-from score_lightning.items.synthesis import build_item_set
+from score_lightning.evaluation.items.synthesis import build_item_set
 from score_lightning.retrieval.base import Retriever
 
 #: Bump when the builder's output changes for the same inputs (the manifest records it).

@@ -1,6 +1,6 @@
 """Evidence items from an evidence tree, and queries synthesised from one (DeepRubric's last two steps).
 
-**Items.** Each passage of the tree (:mod:`~score_lightning.items.tree`) that is on the question's topic
+**Items.** Each passage of the tree (:mod:`~score_lightning.evaluation.items.tree`) that is on the question's topic
 (a part of its id or title is a word of the question), shallow and question-named passages first, becomes one atomic binary item: its leading sentence is the statement, its id the
 evidence, and its ``terms`` the rarest content words of that sentence (rarest across the tree's passages,
 never a word of its own id or title, so citing the id cannot state them). Passages off the question's
@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from score_lightning.data.items import EvidenceItem, QueryItems
-from score_lightning.items.tree import EvidenceTree, build_tree, content_words, lead_sentence, tree_passage_order
+from score_lightning.evaluation.items.tree import EvidenceTree, build_tree, content_words, lead_sentence, tree_passage_order
 from score_lightning.retrieval.base import Retriever, SearchHit
 
 
@@ -55,7 +55,7 @@ def passage_item(hit: SearchHit, tree: EvidenceTree, depth: int, question: str) 
 
 
 def tree_items(tree: EvidenceTree, max_items: int, min_items: int = 3) -> list[EvidenceItem]:
-    """Up to ``max_items`` items in :func:`~score_lightning.items.tree.tree_passage_order`: on-topic passages
+    """Up to ``max_items`` items in :func:`~score_lightning.evaluation.items.tree.tree_passage_order`: on-topic passages
     with terms; when fewer than ``min_items`` are, the rest (off-topic, then term-less) fill up to it."""
     where = tree.found_at()
     question = tree.nodes[0].question
