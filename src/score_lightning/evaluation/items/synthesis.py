@@ -19,7 +19,9 @@ from collections import Counter
 from collections.abc import Sequence
 
 from score_lightning.data.items import EvidenceItem, QueryItems
-from score_lightning.evaluation.items.tree import EvidenceTree, build_tree, content_words, lead_sentence, tree_passage_order
+from score_lightning.evaluation.items.tree import (
+    EvidenceTree, build_tree, content_words, lead_sentence, tree_passage_order,
+)
 from score_lightning.retrieval.base import Retriever, SearchHit
 
 

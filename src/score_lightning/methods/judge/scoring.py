@@ -16,8 +16,8 @@ retries, an unusable reply) leaves its report *unjudged*: it drops out of its gr
 nowhere), whatever ``evaluator.on_incomplete`` says. Every judgement is counted (``judge/failed_rate``,
 ``judge/latency_s``, ``judge/in_flight_max``), and a step whose failed share, pooled over ranks, exceeds
 ``judge.max_failed_rate`` stops the run before its update with an error naming the endpoint and the failure
-kinds (:func:`~score_lightning.step.faults.check_judgements`; an invalid reply counts as kind ``invalid``, the rule it broke kept in the tally).
-A report with no answer is not sent: its reward is 0 whatever its scores.
+kinds (:func:`~score_lightning.step.faults.check_judgements`; an invalid reply counts as kind ``invalid``, the rule
+it broke kept in the tally). A report with no answer is not sent: its reward is 0 whatever its scores.
 
 The judge makes no verification searches (depth 0), so config validation refuses it with the verifier on.
 """
