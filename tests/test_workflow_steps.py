@@ -21,7 +21,7 @@ from score_lightning.retrieval.base import SearchHit
 from score_lightning.methods.mams.prompts import parse_state
 from score_lightning.rollout.scripted import ScriptedEngine, ScriptRequest
 from score_lightning.rollout.scripted_roles import SCRIPTED_ROLES
-from score_lightning.rollout.search_steps import search_steps
+from score_lightning.rollout.search_steps import search_steps, shown_passages
 
 RUBRIC = ('<dimensions><dim name="factual_support" weight="0.50"/><dim name="evidence_coverage" weight="0.30"/>'
           '<dim name="citation_grounding" weight="0.20"/></dimensions>')
@@ -114,7 +114,7 @@ def _one_step(tmp_path, extra: list[str], script_fn=None) -> dict:
         mp.setattr(module_py, "evaluator_update", update)
         probe = _LastStep()
         run(cfg, extra_callbacks=[probe], module_hook=install)
-    return {**probe.last, **seen, "tokenizer": probe.tokenizer}
+    return {**probe.last, **seen, "tokenizer": probe.tokenizer, "passages": probe.passages}
 
 
 class _LastStep(L.Callback):
@@ -122,6 +122,7 @@ class _LastStep(L.Callback):
 
     def on_train_batch_end(self, trainer, module, *args):
         self.last, self.tokenizer = module.last_step, module.tokenizer
+        self.passages = module._passages(module.last_step["rollouts"])  # what RLER's contrast reads of the step
 
 
 def _hand_advantages(values: list[float]) -> list[float]:
@@ -148,6 +149,12 @@ def test_mams_step_by_hand(tmp_path, tiny_ckpt):
     assert all("[json.dumps]" in x for x in memory)  # the fact the report role cites came through the memory
     lengths = [len(tok(x, add_special_tokens=False)["input_ids"]) for x in memory]
     assert m["rollout/memory_tokens_mean"] == pytest.approx(sum(lengths) / 3)
+    # what RLER's contrast (the module's) and DR Tulu's citation term read of each report's sources: the passage its
+    # search role read
+    for t, contrast in zip(trajs, step["passages"][0]):
+        shown = shown_passages(t, tok)
+        assert list(shown) == ["json.dumps"] and shown["json.dumps"] and shown["json.dumps"] in t.step_passages[0]
+        assert contrast == shown
     assert "solver/step_reward_mean" not in m
 
 

@@ -32,7 +32,7 @@ from score_lightning.step.objectives import (
     EVALUATOR_REWARDS, build_objectives, fold_objectives, measured_value, trains_step_rubric,
 )
 from score_lightning.rollout.modes import asynchronous, stale_rollouts
-from score_lightning.rollout.search_steps import observed_passages
+from score_lightning.rollout.search_steps import shown_passages
 from score_lightning.step.dynamic_sampling import EXTRA_STREAM_SEED
 from score_lightning.step.faults import FaultMonitor, check_judgements
 from score_lightning.step.record import record_step
@@ -202,7 +202,7 @@ class ScoreModule(BuildingHooks, RunStateHooks, OutputHooks, GeneratorHost, Ligh
 
     def _passages(self, ro: StepRollouts) -> list[list[dict[str, str]]]:
         """Per query, per report: what its searches showed it, by id (the evolving rubric's contrast reads it)."""
-        shown = [observed_passages(t, self.tokenizer) for t in ro.solver]
+        shown = [shown_passages(t, self.tokenizer) for t in ro.solver]
         return [shown[i:i + self.K] for i in range(0, len(shown), self.K)]
 
     def _reports(self, rw: StepRewards) -> list[list[str | None]]:

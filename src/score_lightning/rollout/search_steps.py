@@ -21,7 +21,6 @@ from score_lightning.roles.cited_passages import split_observation
 from score_lightning.rollout.agent import parse_search_action
 from score_lightning.rollout.trajectory import Trajectory
 
-_OBS = re.compile(re.escape(P.OBS_OPEN) + r"(.*?)" + re.escape(P.OBS_CLOSE), re.DOTALL)
 _OBS_ID_RE = re.compile(r"(?:^|<observation>)\[([^\]\s]+)\] ", re.MULTILINE)
 
 
@@ -86,27 +85,11 @@ def _runs(mask: list[int]) -> list[tuple[int, int, int]]:
 def shown_passages(traj: Trajectory, tokenizer) -> dict[str, str]:
     """Each passage the trajectory's searches showed, by id: the text its observation carried of it (cut by the
     observation budget), the first showing kept. What ``evaluator.show_passages`` falls back on for a retriever
-    without a local corpus."""
+    without a local corpus, what RLER's contrast and DR Tulu's citation term read: a ReAct trajectory's
+    observations, or what a MaMs search role read."""
     out: dict[str, str] = {}
     for step in search_steps(traj, tokenizer):
         for doc_id, text in split_observation(step.passages):
             if text:
                 out.setdefault(doc_id, text)
-    return out
-
-
-def observed_passages(traj: Trajectory, tokenizer) -> dict[str, str]:
-    """What the trajectory's searches showed it, by id: each ``[id] text`` hit of its observations (the first
-    showing of an id wins)."""
-    out: dict[str, str] = {}
-    known = list(dict.fromkeys(traj.retrieved_ids))
-    if not known:
-        return out
-    head = re.compile(r"(?:^|\n)\[(" + "|".join(re.escape(d) for d in known) + r")\] ")
-    for row in traj.rows():
-        text = tokenizer.decode(row.response_ids)
-        for body in _OBS.findall(text):
-            marks = list(head.finditer(body))
-            for m, nxt in zip(marks, marks[1:] + [None]):
-                out.setdefault(m.group(1), body[m.end():nxt.start() if nxt else len(body)].strip())
     return out

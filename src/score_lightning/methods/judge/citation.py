@@ -3,7 +3,7 @@
 After the step's rewards are assembled (whatever scored them: the evaluator role, the external judge, or the
 rule reward), each *valid* report (a(r) = 1) with at least one claim is sent to the ``judge`` endpoint once:
 its claims, the ids each cites, and the text of those passages as the solver's own searches showed them
-(its observations, each passage cut to ``max_passage_chars``). The judge says, per cited claim, whether the
+(ReAct's observations, or what MaMs's search role read; each passage cut to ``max_passage_chars``). The judge says, per cited claim, whether the
 passages support it (recall) and which of them are relevant (precision), and per uncited claim whether it
 needed a source (``citation_prompts.py``; the scores are ``rewards/citation_claims.py``). The report's
 reward then gains
@@ -28,7 +28,7 @@ from score_lightning.methods.judge.citation_prompts import citation_check_messag
 from score_lightning.methods.judge.client import LLMJudge
 from score_lightning.methods.judge.scoring import judge_of
 from score_lightning.rewards.citation_claims import citation_score, report_claims
-from score_lightning.rollout.search_steps import observed_passages
+from score_lightning.rollout.search_steps import shown_passages
 from score_lightning.rollout.trajectory import Trajectory
 from score_lightning.step.reward_assembly import StepRewards
 from score_lightning.step.scoring_sources import REWARD_TERMS, RewardTerm
@@ -48,7 +48,7 @@ def add_citation_reward(judge: LLMJudge, tokenizer, queries: Sequence[str], solv
         claims = report_claims(answer.answer, traj.retrieved_ids, int(settings.max_claims))
         if not claims:
             continue
-        passages = {d: t[:int(settings.max_passage_chars)] for d, t in observed_passages(traj, tokenizer).items()}
+        passages = {d: t[:int(settings.max_passage_chars)] for d, t in shown_passages(traj, tokenizer).items()}
         requests.append((citation_check_messages(queries[n // num_rollouts], claims, passages),
                          citation_check_reader(claims)))
         where.append((n, claims, set(traj.retrieved_ids)))
