@@ -10,18 +10,14 @@ from __future__ import annotations
 
 import math
 
-import lightning as L
 import pytest
 
 from helpers import FAST, compose
 from score_lightning import distributed as D
-from score_lightning.data.datamodule import QueryStream
-from score_lightning.data.queries import load_queries
-from score_lightning.rollout.scripted import ScriptedEngine
 from score_lightning.step.evaluator_objective import EvaluatorObjective
 from score_lightning.step.evaluator_reward import EvaluatorReward, RewardInputs
 from score_lightning.step.objectives import EVALUATOR_REWARDS, STEP_CREDIT
-from test_score_step import StepScript
+from test_score_step import StepRecords, scripted_run
 
 VALID_SHARE, ORDER_PROBE = "valid_share_test", "order_probe_test"
 CALLS: list[str] = []
@@ -57,29 +53,20 @@ STEP_CREDIT.register(ORDER_PROBE, lambda cfg: OrderProbe())
 
 
 def test_a_registered_reward_and_step_credit_drive_a_real_step(tmp_path, tiny_ckpt, corpus_file):
-    from score_lightning.launch.training import run
-
     cfg = compose(FAST + [
         f"paths.output_dir={tmp_path}", "trainer.max_steps=1", "data.batch_size=2", "optim.mini_batch_size=2",
         "solver.num_rollouts=3", "optim.micro_batch_size=3", "solver.max_response_tokens=160",
         "evaluator.max_response_tokens=400", "evaluator.max_rubric_tokens=96", "reward.require_citation=true",
         "verifier.min_search_depth=1", "harness.every_n_steps=10", "optim.warmup_steps=0", "evaluator.scoring=joint",
         f"evaluator.reward={VALID_SHARE}", f"reward.step={ORDER_PROBE}"])
-    stream = QueryStream(load_queries(None, split="train"), 2, int(cfg.seed))
-    script = StepScript(stream.batch(0)["prompt"], stream.batch(1)["prompt"])
-    seen = {}
+    records = StepRecords()
 
-    class Keep(L.Callback):
-        def on_train_batch_end(self, trainer, module, *args):
-            seen["step"] = module.last_step
-
-    def install(module):
-        module.engine = module.evaluator_engine = ScriptedEngine(module.tokenizer, script)
+    def note_updates(module):
         module.pre_step_hook = lambda module, phase: CALLS.append(phase)
 
     CALLS.clear()
-    run(cfg, extra_callbacks=[Keep()], module_hook=install)
-    step = seen["step"]
+    scripted_run(cfg, [records], hook=note_updates)
+    step = records.steps[-1]
     m, answers = step["metrics"], step["rewards"].answers
     # each query's third report cites nothing (a(r) = 0): 4 of the 6 reports are valid
     assert [bool(a.valid) for a in answers] == [True, True, False] * 2

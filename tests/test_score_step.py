@@ -63,6 +63,32 @@ class StepScript:
         return f"<report_evaluations>{body}</report_evaluations>"
 
 
+def scripted_run(cfg, callbacks=(), hook=None) -> None:
+    """Train ``cfg`` on :class:`StepScript`'s two batches, both roles on one scripted engine; ``hook(module)`` runs
+    after the engines are installed (a pre-step hook, a stub of the test's own)."""
+    from score_lightning.launch.training import run
+
+    stream = QueryStream(load_queries(None, split="train"), 2, int(cfg.seed))
+    script = StepScript(stream.batch(0)["prompt"], stream.batch(1)["prompt"])
+
+    def install(module):
+        module.engine = module.evaluator_engine = ScriptedEngine(module.tokenizer, script)
+        if hook is not None:
+            hook(module)
+
+    run(cfg, extra_callbacks=list(callbacks), module_hook=install)
+
+
+class StepRecords(L.Callback):
+    """Every step's ``module.last_step`` (rollouts, rewards, metrics ...), in order."""
+
+    def __init__(self):
+        self.steps: list[dict] = []
+
+    def on_train_batch_end(self, trainer, module, *args):
+        self.steps.append(module.last_step)
+
+
 def _seq_logprob(model, prompt, response, mask, pad_id, temperature) -> float:
     batch = build_token_batch([prompt], [response], [mask], pad_id)
     with torch.no_grad():

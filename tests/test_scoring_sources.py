@@ -9,21 +9,17 @@ driven by a registered source that says its scores come from the judge.
 
 from __future__ import annotations
 
-import lightning as L
 import pytest
 import torch
 
 from helpers import FAST, compose
 from score_lightning.clients.judge import JudgeTally
-from score_lightning.data.datamodule import QueryStream
-from score_lightning.data.queries import load_queries
 from score_lightning.errors import JudgeUnavailable
-from score_lightning.rollout.scripted import ScriptedEngine
 from score_lightning.step.reward_assembly import StepRewards
 from score_lightning.step.scoring_sources import (
     EVALUATOR_SOURCES, REWARD_SOURCES, REWARD_TERMS, RewardTerm, ScoringSource, step_scorer,
 )
-from test_score_step import StepScript
+from test_score_step import StepRecords, scripted_run
 
 TRIPLE, FAILING, BONUS = "triple_validity_test", "failing_judge_test", "half_bonus_test"
 SEEN: dict[str, object] = {}
@@ -61,27 +57,15 @@ REWARD_TERMS.register(BONUS, RewardTerm(lambda cfg: cfg.evaluator.source == TRIP
 
 
 def _step(tmp_path, source: str):
-    from score_lightning.launch.training import run
-
     cfg = compose(FAST + [
         f"paths.output_dir={tmp_path}", "trainer.max_steps=1", "data.batch_size=2", "optim.mini_batch_size=2",
         "solver.num_rollouts=3", "optim.micro_batch_size=3", "solver.max_response_tokens=160",
         "evaluator.max_rubric_tokens=96", "reward.require_citation=true", "verifier.enabled=false",
         "evaluator.scoring=pointwise", "harness.every_n_steps=10", "optim.warmup_steps=0",
         f"evaluator.source={source}", "judge.max_failed_rate=0.5"])
-    stream = QueryStream(load_queries(None, split="train"), 2, int(cfg.seed))
-    script = StepScript(stream.batch(0)["prompt"], stream.batch(1)["prompt"])
-    seen = {}
-
-    class Keep(L.Callback):
-        def on_train_batch_end(self, trainer, module, *args):
-            seen["step"] = module.last_step
-
-    def install(module):
-        module.engine = module.evaluator_engine = ScriptedEngine(module.tokenizer, script)
-
-    run(cfg, extra_callbacks=[Keep()], module_hook=install)
-    return seen["step"]
+    records = StepRecords()
+    scripted_run(cfg, [records])
+    return records.steps[-1]
 
 
 def test_a_registered_source_and_term_score_a_real_step(tmp_path, tiny_ckpt, corpus_file):
