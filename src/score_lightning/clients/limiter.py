@@ -170,11 +170,10 @@ def configure_limits(judge, rollout, rank: int, world_size: int, worker: bool = 
     package, below the config schema, reads them by attribute)."""
     processes = int(world_size) + (1 if str(rollout.mode) == "async" else 0)
     index = int(world_size) if worker else int(rank)
-    j = judge
-    total, rpm = int(j.max_concurrency), int(j.requests_per_minute)
+    total, rpm = int(judge.max_concurrency), int(judge.requests_per_minute)
     short = total < processes or 0 < rpm < processes  # refused by config validation when the judge is used
     notice = (f"judge.max_concurrency={total} / judge.requests_per_minute={rpm} are the run's limits, below the "
               f"{processes} processes that may make external chat calls: each still gets 1, so the run may exceed "
               "them") if short else ""
     configure_limiter(process_share(total, index, processes), process_share(rpm, index, processes),
-                      float(j.queue_timeout_s), notice)
+                      float(judge.queue_timeout_s), notice)
