@@ -5,8 +5,8 @@ rule reward), each *valid* report (a(r) = 1) with at least one claim is sent to 
 its claims, the ids each cites, and the text of those passages as the solver's own searches showed them
 (ReAct's observations, or what MaMs's search role read; each passage cut to ``max_passage_chars``). The judge
 says, per cited claim, whether the passages support it (recall) and which of them are relevant (precision), and
-per uncited claim whether it needed a source (``citation_prompts.py``; the scores are ``rewards/citation_claims.py``). The report's
-reward then gains
+per uncited claim whether it needed a source (``citation_prompts.py``; the scores are
+``rewards/citation_claims.py``). The report's reward then gains
 
     R <- R + weight * a(r) * mean-over-claims F1(precision, recall)
 
