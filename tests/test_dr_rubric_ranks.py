@@ -10,6 +10,7 @@ import json
 import socket
 
 import pytest
+from helpers import spawn_ranks
 
 pytestmark = pytest.mark.multiprocess  # two training processes: make test-multiprocess
 
@@ -52,12 +53,10 @@ def _rank_main(rank: int, port: int, tokenizer_path: str, out: str) -> None:
 
 
 def test_drrubric_scalars_are_pooled_over_two_ranks(tmp_path, tiny_ckpt):
-    import torch.multiprocessing as mp
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_rank_main, args=(port, str(tiny_ckpt), str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_rank_main, (port, str(tiny_ckpt), str(tmp_path)), [tmp_path / f"rank{r}.json" for r in (0, 1)])
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert got[0] == got[1]  # every rank logs the same, pooled value
     stats = got[0]
