@@ -61,7 +61,7 @@ def set_malloc(cfg) -> str:
     """The trainer's glibc mmap threshold (``trainer.malloc_mmap_threshold_mb``) in this process; what was set."""
     from omegaconf import OmegaConf
 
-    from score_lightning.policy.cpu_memory import set_malloc_mmap_threshold
+    from score_lightning.launch.cpu_memory import set_malloc_mmap_threshold
 
     mb = OmegaConf.select(cfg, "trainer.malloc_mmap_threshold_mb")
     return f"mmap threshold {mb} MB" if set_malloc_mmap_threshold(mb) else "glibc default"

@@ -235,7 +235,7 @@ def main(argv=None) -> int:
     from score_lightning.evaluation.pair_set import read_pair_set
     from score_lightning.harness.state import HarnessState
     from score_lightning.launch.threads import apply_threads
-    from score_lightning.policy.cpu_memory import set_malloc_mmap_threshold
+    from score_lightning.launch.cpu_memory import set_malloc_mmap_threshold
     from score_lightning.retrieval.from_config import retriever_from_config
 
     cfg = _compose(["experiment=tiny_score", *args.overrides])

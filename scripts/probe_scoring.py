@@ -109,7 +109,7 @@ def main() -> int:
         ap.error(f"--readout {args.readout}: sampled and/or expected")
     if "expected" in readouts and not bool(cfg.evaluator.get("constrained_scoring", False)):
         ap.error("--readout expected needs evaluator.constrained_scoring=true (the grammar marks each score's value)")
-    from score_lightning.policy.cpu_memory import set_malloc_mmap_threshold
+    from score_lightning.launch.cpu_memory import set_malloc_mmap_threshold
     from score_lightning.launch.training import resolve_model_arg
 
     set_malloc_mmap_threshold(cfg.trainer.get("malloc_mmap_threshold_mb"))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run from a checkout, uninstalled
 
-from score_lightning.retrieval.server import (  # noqa: E402
+from score_lightning.launch.retrieval_server import (  # noqa: E402
     TOKEN_ENV, ServerLimits, check_exposure, make_app, token_from_env,
 )
 

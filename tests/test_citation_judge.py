@@ -10,7 +10,7 @@ import pytest
 
 from openai_stub import OpenAIStub, Reply
 from score_lightning.clients.chat import ReplyError
-from score_lightning.rewards.citation_claims import ClaimVerdict, citation_score, claim_scores, report_claims
+from score_lightning.methods.judge.citation_claims import ClaimVerdict, citation_score, claim_scores, report_claims
 from score_lightning.methods.judge.citation_prompts import (
     CITATION_CHECK_SYSTEM, citation_check_messages, citation_check_reader,
 )

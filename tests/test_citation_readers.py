@@ -63,7 +63,7 @@ def test_an_ascii_remark_cites_a_known_id_but_a_call_never_does():
 def test_every_reader_reads_the_cjk_remark_as_citing_doc_1():
     from score_lightning.evaluation.card import query_scores
     from score_lightning.evaluation.judge import cited_statements
-    from score_lightning.rewards.citation_claims import report_claims
+    from score_lightning.methods.judge.citation_claims import report_claims
     from score_lightning.rewards.report_edits import bracketed_ids, drop_citations, replace_citation
     from score_lightning.roles.cited_passages import cited_passages
     from score_lightning.methods.mams.demos import memory_facts

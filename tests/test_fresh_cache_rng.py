@@ -31,7 +31,7 @@ def test_gguf_conversion_leaves_the_global_rng_alone(tmp_path, tiny_ckpt, monkey
     ``from_config`` copy draws its initial weights from the global generator."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from score_lightning.policy.gguf_checkpoint import MANIFEST, convert_gguf
+    from score_lightning.launch.gguf_checkpoint import MANIFEST, convert_gguf
 
     real_model, real_tok = AutoModelForCausalLM.from_pretrained, AutoTokenizer.from_pretrained
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained",

@@ -157,7 +157,7 @@ def test_a_retrieve_server_builds_the_same_items_as_the_index_it_serves(bm25):
     same BM25 index in process (both without the corpus' id list, which a server does not give)."""
     from score_lightning.evaluation.items.synthesis import query_items
     from score_lightning.retrieval.http import HTTPRetriever
-    from score_lightning.retrieval.server import make_app, serve_in_thread
+    from score_lightning.launch.retrieval_server import make_app, serve_in_thread
 
     prompt = "How do heapq and queue.PriorityQueue differ as priority queues?"
     server, base = serve_in_thread(make_app(bm25))

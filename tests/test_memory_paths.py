@@ -114,7 +114,7 @@ def test_malloc_threshold_returns_freed_blocks_to_the_system():
     default keeps them on the heap once it has raised its threshold."""
     code = r"""
 import sys, psutil, torch
-from score_lightning.policy.cpu_memory import set_malloc_mmap_threshold
+from score_lightning.launch.cpu_memory import set_malloc_mmap_threshold
 if sys.argv[1] == "fixed":
     assert set_malloc_mmap_threshold(4)
 rss = lambda: psutil.Process().memory_info().rss / 2**20

@@ -23,7 +23,7 @@ from score_lightning.retrieval.base import RetrievalError, Retriever, SearchHit
 from score_lightning.retrieval.bm25 import META_FILE, BM25Retriever
 from score_lightning.retrieval.factory import build_retriever
 from score_lightning.retrieval.http import HTTPRetriever
-from score_lightning.retrieval.server import make_app, serve_in_thread
+from score_lightning.launch.retrieval_server import make_app, serve_in_thread
 
 REPO = Path(__file__).resolve().parents[1]
 

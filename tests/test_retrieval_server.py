@@ -13,7 +13,7 @@ import requests
 
 from score_lightning.retrieval.base import RetrievalError
 from score_lightning.retrieval.http import HTTPRetriever
-from score_lightning.retrieval.server import (
+from score_lightning.launch.retrieval_server import (
     TOKEN_ENV, ServerLimits, check_exposure, is_loopback, make_app, serve_in_thread, token_from_env,
 )
 

@@ -34,7 +34,7 @@ def _greedy(model, tok, new_tokens: int = 12) -> list[int]:
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    from score_lightning.policy.gguf_checkpoint import ensure_gguf_checkpoint
+    from score_lightning.launch.gguf_checkpoint import ensure_gguf_checkpoint
 
     cache = tmp_path_factory.mktemp("smol_cache")
     t0 = time.perf_counter()
@@ -46,7 +46,7 @@ def test_conversion_manifest_reuse_and_greedy_answer(converted):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from score_lightning.policy.gguf_checkpoint import MANIFEST, _locate, check_manifest, ensure_gguf_checkpoint, sha256_file
+    from score_lightning.launch.gguf_checkpoint import MANIFEST, _locate, check_manifest, ensure_gguf_checkpoint, sha256_file
     from score_lightning.policy.models import load_policy, load_tokenizer
 
     path, _ = converted
@@ -76,7 +76,7 @@ def test_conversion_manifest_reuse_and_greedy_answer(converted):
 
 
 def test_damaged_or_incomplete_checkpoint_is_detected(tmp_path):
-    from score_lightning.policy.gguf_checkpoint import MANIFEST, check_manifest, sha256_file
+    from score_lightning.launch.gguf_checkpoint import MANIFEST, check_manifest, sha256_file
 
     (tmp_path / "a.json").write_text("{}")
     (tmp_path / "b.bin").write_bytes(b"12345678")
@@ -108,7 +108,7 @@ def test_missing_package_is_refused_by_name_before_anything_loads(tmp_path):
 def test_missing_gguf_reader_is_refused(monkeypatch):
     import importlib.util
 
-    from score_lightning.policy.gguf_checkpoint import gguf_problems
+    from score_lightning.launch.gguf_checkpoint import gguf_problems
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))

@@ -71,7 +71,7 @@ def test_user_callbacks_and_loggers_stay_open():
 
 
 def test_a_stored_config_from_before_the_removed_keys_reads_as_it_ran():
-    from score_lightning.config.stored import upgrade_stored_config
+    from score_lightning.evaluation.stored_config import upgrade_stored_config
 
     old = {"loss": {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "norm_adv_by_std": False, "kl_coef": 0.05},
            "optim": {"clip_ratio_low": "${loss.clip_ratio_low}", "warmup_ratio": None, "lr": 1e-5}}

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from score_lightning.clients.chat import ChatClient, ChatOutcome, ReplyError, extract_json_object
-from score_lightning.rewards.citation_claims import cited_statements, split_statements  # noqa: F401 (re-exported)
+from score_lightning.methods.judge.citation_claims import cited_statements, split_statements  # noqa: F401 (re-exported)
 from score_lightning.rewards.citations import strip_citations, ungrounded_ids
 
 log = logging.getLogger(__name__)

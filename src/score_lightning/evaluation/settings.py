@@ -54,13 +54,13 @@ AGENTS = ("react", "mams", "rubricem")
 
 def stored_run_config(run: dict) -> dict:
     """A stored run config (``run_config.json``: a whole resolved config, or the cold start's subset) read as the
-    current config names its keys: :func:`~score_lightning.config.stored.upgrade_stored_config` maps the keys
+    current config names its keys: :func:`~score_lightning.evaluation.stored_config.upgrade_stored_config` maps the keys
     removed since it was written; a key it predates stays absent, and :data:`DEFAULTS` applies to it."""
     if not run:
         return {}
     from omegaconf import OmegaConf
 
-    from score_lightning.config.stored import upgrade_stored_config
+    from score_lightning.evaluation.stored_config import upgrade_stored_config
 
     return OmegaConf.to_container(upgrade_stored_config(run), resolve=False)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from score_lightning.config.checks import known_keys, unknown_key_line
+from score_lightning.launch.schema_checks import known_keys, unknown_key_line
 
 _TYPE_WORDS = {"IntegerNode": "an integer", "FloatNode": "a number", "BooleanNode": "true or false",
                "StringNode": "a string", "EnumNode": "one of its names"}

@@ -58,7 +58,7 @@ def resolve_model_path(cfg: DictConfig) -> str:
         return str(cfg.model.name_or_path)
     gguf = cfg.model.gguf
     if gguf is not None:
-        from score_lightning.policy.gguf_checkpoint import ensure_gguf_checkpoint
+        from score_lightning.launch.gguf_checkpoint import ensure_gguf_checkpoint
 
         return str(ensure_gguf_checkpoint(Path(cfg.paths.cache_dir) / "models", OmegaConf.to_container(gguf, resolve=True)))
     from score_lightning.policy.models import TinyModelSpec, ensure_tiny_checkpoint
@@ -241,7 +241,7 @@ def run(cfg: DictConfig, extra_callbacks: list | None = None, module_hook=None) 
 
     quiet_console()
     plan = apply_threads(cfg)
-    from score_lightning.policy.cpu_memory import set_malloc_mmap_threshold
+    from score_lightning.launch.cpu_memory import set_malloc_mmap_threshold
 
     set_malloc_mmap_threshold(cfg.trainer.malloc_mmap_threshold_mb)
     callbacks = build_callbacks(cfg) + list(extra_callbacks or [])

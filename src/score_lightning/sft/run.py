@@ -18,7 +18,7 @@ half-written checkpoint.
 SFT runs with its own fixed seed (``sft.seed``) and restores the global RNG state afterwards, so the
 RL run that follows is the same whether the checkpoint was trained now or taken from the cache. So do
 a LoRA cold start's install (``sft/adapter_asset.py``) and the GGUF conversion of the base
-(``policy/gguf_checkpoint.py``): :func:`~score_lightning.rng.preserved_rng` around each.
+(``launch/gguf_checkpoint.py``): :func:`~score_lightning.rng.preserved_rng` around each.
 """
 
 from __future__ import annotations

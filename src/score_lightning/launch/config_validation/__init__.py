@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from score_lightning.config.checks import schema_problems
+from score_lightning.launch.schema_checks import schema_problems
 from score_lightning.errors import ConfigError  # re-exported: callers import it from here
 from score_lightning.launch.schema import declared_names, live_names
 from score_lightning.launch.config_validation.asynchronous import check_async

@@ -70,7 +70,7 @@ def check_model(c: Checks) -> None:
               "path or use model=tiny")
     gguf = c.get("model.gguf")
     if c.get("model.name_or_path") is None and gguf is not None:
-        from score_lightning.policy.gguf_checkpoint import gguf_problems  # light: no torch, no transformers
+        from score_lightning.launch.gguf_checkpoint import gguf_problems  # light: no torch, no transformers
 
         c.errors.extend(gguf_problems(OmegaConf.to_container(gguf, resolve=True)))
     check_master_weights(c)

@@ -6,7 +6,7 @@ its claims, the ids each cites, and the text of those passages as the solver's o
 (ReAct's observations, or what MaMs's search role read; each passage cut to ``max_passage_chars``). The judge
 says, per cited claim, whether the passages support it (recall) and which of them are relevant (precision), and
 per uncited claim whether it needed a source (``citation_prompts.py``; the scores are
-``rewards/citation_claims.py``). The report's reward then gains
+``methods/judge/citation_claims.py``). The report's reward then gains
 
     R <- R + weight * a(r) * mean-over-claims F1(precision, recall)
 
@@ -27,7 +27,7 @@ from score_lightning.clients.judge import JudgeTally
 from score_lightning.methods.judge.citation_prompts import citation_check_messages, citation_check_reader
 from score_lightning.methods.judge.client import LLMJudge
 from score_lightning.methods.judge.scoring import judge_of
-from score_lightning.rewards.citation_claims import citation_score, report_claims
+from score_lightning.methods.judge.citation_claims import citation_score, report_claims
 from score_lightning.rollout.search_steps import shown_passages
 from score_lightning.rollout.trajectory import Trajectory
 from score_lightning.step.reward_assembly import StepRewards

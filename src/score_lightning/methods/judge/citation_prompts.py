@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from score_lightning.clients.chat import ReplyError, extract_json_object
-from score_lightning.rewards.citation_claims import SUPPORT, Claim, ClaimVerdict
+from score_lightning.methods.judge.citation_claims import SUPPORT, Claim, ClaimVerdict
 
 CITATION_CHECK_SYSTEM = (
     "You check the citations of a research report, claim by claim. For each numbered claim you are given the "
