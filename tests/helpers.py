@@ -142,6 +142,7 @@ def spawn_ranks(fn, args: tuple, results: list[Path], timeout_s: float = 300.0, 
     that wrote nothing within ``timeout_s`` fails the test by number, and a rank that raised fails it with its
     traceback, as ``mp.spawn`` does."""
     import time
+    import warnings
 
     import torch.multiprocessing as mp
 
@@ -153,7 +154,9 @@ def spawn_ranks(fn, args: tuple, results: list[Path], timeout_s: float = 300.0, 
             if written_at is None and all(p.exists() for p in results):
                 written_at = now
             if written_at is not None and now - written_at > exit_grace_s:
-                return  # every result is on disk; the finally below reaps the ranks stuck at exit
+                stuck = [r for r, proc in enumerate(ctx.processes) if proc.is_alive()]
+                warnings.warn(f"ranks {stuck} still alive {exit_grace_s:.0f} s after every result was written: reaped")
+                return  # every result is on disk; the finally below reaps them
             if now - start > timeout_s:
                 missing = [r for r, p in enumerate(results) if not p.exists()]
                 raise AssertionError(f"ranks {missing} wrote no result within {timeout_s:.0f} s")
