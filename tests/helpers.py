@@ -136,11 +136,12 @@ def recipe(name: str) -> list[str]:
 def spawn_ranks(fn, args: tuple, results: list[Path], timeout_s: float = 300.0, exit_grace_s: float = 30.0) -> None:
     """Run ``fn(rank, *args)`` in one spawned process per entry of ``results`` and wait, bounded.
 
-    Why not ``mp.spawn(join=True)``: its join has no deadline, and a gloo rank that has written its result can
-    stay asleep on a futex at interpreter exit, holding the whole stage until CI's limit. Here a rank that is
-    still alive ``exit_grace_s`` after every result file exists is killed (its work is done and on disk); a rank
-    that wrote nothing within ``timeout_s`` fails the test by number, and a rank that raised fails it with its
-    traceback, as ``mp.spawn`` does."""
+    Why not ``mp.spawn(join=True)``: its join has no deadline, and a rank that has written its result can stay
+    asleep at exit (a DDP model freed after its process group sleeps in its destructor: free it before
+    ``destroy_process_group``, as ``test_dpo_objective._ddp_rank`` does), holding the stage until CI's limit.
+    Here a rank still alive ``exit_grace_s`` after every result file exists is killed, with a warning (its work
+    is done and on disk); a rank that wrote nothing within ``timeout_s`` fails the test by number, and a rank
+    that raised fails it with its traceback, as ``mp.spawn`` does."""
     import time
     import warnings
 
